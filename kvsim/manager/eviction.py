@@ -1,0 +1,50 @@
+"""Eviction order: lowest priority first, then least recently used, then deepest block first.
+
+The queue is not kept as a structure; it is a sort key computed over the candidates when victims
+are needed. Every use of a block touches its whole prefix with the same LRU tick, so a prefix is
+never older than its descendants; breaking ties by depth (deeper first) therefore evicts leaves
+before the prefixes they hang from. The last tie-break is the page id, so the order is total and
+deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.manager.pages import PageTable
+
+_DEPTH_BITS = 20
+_TICK_BITS = 36
+_MAX_DEPTH = (1 << _DEPTH_BITS) - 1
+_MAX_TICK = (1 << _TICK_BITS) - 1
+
+
+def eviction_keys(pages: PageTable, ids: np.ndarray) -> np.ndarray:
+    """One int64 per page; smaller keys are evicted first."""
+    prio = pages.priority[ids].astype(np.int64)
+    tick = np.minimum(pages.last_used[ids], _MAX_TICK)
+    inv_depth = _MAX_DEPTH - np.minimum(pages.depth[ids].astype(np.int64), _MAX_DEPTH)
+    return (prio << (_TICK_BITS + _DEPTH_BITS)) | (tick << _DEPTH_BITS) | inv_depth
+
+
+def select_victims(pages: PageTable, candidates: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` first pages of ``candidates`` in eviction order, in that order.
+
+    Uses a partial selection (O(candidates)) and sorts only the chosen pages.
+    """
+    if n <= 0:
+        return candidates[:0]
+    if n > candidates.size:
+        raise ValueError(f"asked for {n} victims among {candidates.size} candidates")
+    keys = eviction_keys(pages, candidates)
+    if n < candidates.size:
+        kth = np.partition(keys, n - 1)[n - 1]
+        below = keys < kth
+        tied = np.flatnonzero(keys == kth)
+        # Among keys equal to the boundary key, the lowest page ids win (total order).
+        need = n - int(below.sum())
+        tied = tied[np.argsort(candidates[tied], kind="stable")[:need]]
+        chosen = np.concatenate([np.flatnonzero(below), tied])
+        candidates, keys = candidates[chosen], keys[chosen]
+    order = np.lexsort((candidates, keys))
+    return candidates[order]

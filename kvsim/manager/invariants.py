@@ -1,0 +1,156 @@
+"""Invariant checker: the manager's state, verified from scratch.
+
+Usable from tests (after every step of a property test) and from the executors (after every
+call, when checking is on). ``find_violations`` lists every broken rule; ``check_invariants``
+raises :class:`~kvsim.errors.InvariantViolation` with all of them.
+
+Rules:
+* every live page sits in exactly one slot of one level, and that slot names it back; free slot
+  lists hold no duplicates and no used slot (no page lost or double-owned across tiers);
+* slot usage stays within each level's quota;
+* refcounts are never negative and equal what the open caches hold; LOCKED pages are on the GPU;
+* every committed page is reachable: its node points back to it and the node hangs from a live root;
+* every live page is owned by a cache or by the tree (nothing leaks);
+* each cache keeps ``committed <= history <= capacity`` and has a page exactly for its live blocks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from kvsim.errors import InvariantViolation
+from kvsim.manager.kv_cache import CacheStatus
+from kvsim.manager.pages import NO_PAGE
+
+if TYPE_CHECKING:
+    from kvsim.manager.manager import KVCacheManager
+
+
+def _check_storage(mgr: KVCacheManager, out: list[str]) -> None:
+    p = mgr.storage.pages
+    live = p.live_ids()
+    seen = np.zeros(p.capacity, dtype=np.int32)
+    for lv, row in enumerate(mgr.storage.allocators):
+        for g, alloc in enumerate(row):
+            where = f"level {lv} pool group {g}"
+            used_slots = np.flatnonzero(alloc.slot_to_page >= 0)
+            ids = alloc.slot_to_page[used_slots]
+            if alloc.num_used + alloc.num_free != alloc.num_slots or alloc.num_used != ids.size:
+                out.append(f"{where}: {ids.size} used + {alloc.num_free} free != {alloc.num_slots} slots")
+            free = alloc.free_slots()
+            if np.unique(free).size != free.size:
+                out.append(f"{where}: duplicate slots in the free list")
+            if (alloc.slot_to_page[free] >= 0).any():
+                out.append(f"{where}: a slot in the free list holds a page")
+            bad = (p.level[ids] != lv) | (p.pool_group[ids] != g) | (p.slot[ids] != used_slots)
+            if bad.any():
+                out.append(f"{where}: slots {used_slots[bad][:5].tolist()} name pages that do "
+                           "not name them back")
+            np.add.at(seen, ids, 1)
+    if (seen[live] != 1).any():
+        out.append(f"pages in {sorted(set(seen[live].tolist()))} slots, expected exactly 1: "
+                   f"{live[seen[live] != 1][:5].tolist()}")
+    if (seen[p.level < 0] != 0).any():
+        out.append("a free page row is still in a slot")
+
+
+def _check_ownership(mgr: KVCacheManager, out: list[str]) -> None:
+    p = mgr.storage.pages
+    holders = np.zeros(p.capacity, dtype=np.int64)
+    lockers = np.zeros(p.capacity, dtype=np.int64)
+    tpb = mgr.layout.tokens_per_block
+    for cache in mgr.open_caches():
+        name = f"cache {cache.cache_id!r}"
+        if not cache.num_committed_tokens <= cache.history_length <= cache.capacity:
+            out.append(f"{name}: committed {cache.num_committed_tokens} <= history "
+                       f"{cache.history_length} <= capacity {cache.capacity} broken")
+        num_blocks = math.ceil(cache.capacity / tpb)
+        for lc in mgr.layout.life_cycles:
+            table = cache._pages[lc.index]
+            if table.size != num_blocks:
+                out.append(f"{name} life cycle {lc.index}: {table.size} blocks, expected {num_blocks}")
+                continue
+            live_block = np.ones(num_blocks, dtype=bool)
+            begin, end = lc.stale_range(cache.history_length, tpb)
+            live_block[begin:end] = False
+            has = table >= 0
+            if (has != live_block).any():
+                out.append(f"{name} life cycle {lc.index}: pages present for blocks "
+                           f"{np.flatnonzero(has != live_block)[:5].tolist()} disagree with the "
+                           f"live blocks (stale range [{begin}, {end}))")
+            ids = table[has]
+            if (p.level[ids] < 0).any():
+                out.append(f"{name} life cycle {lc.index}: holds freed pages")
+                continue
+            if (p.life_cycle[ids] != lc.index).any() or \
+                    (p.depth[ids] != np.flatnonzero(has)).any():
+                out.append(f"{name} life cycle {lc.index}: pages of another life cycle or block")
+            np.add.at(holders, ids, 1)
+            if cache.status is CacheStatus.ACTIVE:
+                np.add.at(lockers, ids, 1)
+    if (p.holders < 0).any() or (p.lockers < 0).any() or (p.planned_drops < 0).any():
+        out.append("negative refcount")
+    if (holders != p.holders).any():
+        bad = np.flatnonzero(holders != p.holders)[:5]
+        out.append(f"holder counts of pages {bad.tolist()} are {p.holders[bad].tolist()}, "
+                   f"the open caches hold {holders[bad].tolist()}")
+    if (lockers != p.lockers).any():
+        bad = np.flatnonzero(lockers != p.lockers)[:5]
+        out.append(f"locker counts of pages {bad.tolist()} are {p.lockers[bad].tolist()}, "
+                   f"the ACTIVE caches lock {lockers[bad].tolist()}")
+    locked_off_gpu = (p.lockers > 0) & (p.level != 0)
+    if locked_off_gpu.any():
+        out.append(f"LOCKED pages off the GPU level: {np.flatnonzero(locked_off_gpu)[:5].tolist()}")
+    live = p.live_ids()
+    orphan = live[(p.holders[live] == 0) & (p.node[live] < 0)]
+    if orphan.size:
+        out.append(f"pages owned by nobody (leaked): {orphan[:5].tolist()}")
+
+
+def _check_tree(mgr: KVCacheManager, out: list[str]) -> None:
+    p = mgr.storage.pages
+    tree = mgr.tree
+    for node_id, node in tree.nodes.items():
+        root = tree.roots.get(node.root.scope)
+        if root is not node.root or root.nodes_by_key.get(node.key) is not node:
+            out.append(f"node {node_id}: not reachable from its root")
+            continue
+        depth = 0
+        up = node.parent
+        while up is not None:
+            if tree.nodes.get(up.node_id) is not up:
+                out.append(f"node {node_id}: ancestor {up.node_id} was removed")
+                break
+            depth += 1
+            up = up.parent
+        if depth != node.depth:
+            out.append(f"node {node_id}: depth {node.depth}, {depth} ancestors")
+        for lc, page in enumerate(node.pages):
+            if page != NO_PAGE and (p.level[page] < 0 or p.node[page] != node_id
+                                    or p.life_cycle[page] != lc):
+                out.append(f"node {node_id}: page {page} of life cycle {lc} does not point back")
+    for root in tree.roots.values():
+        if any(tree.nodes.get(n.node_id) is not n for n in root.nodes_by_key.values()):
+            out.append(f"root {root.scope!r}: maps a removed node")
+    committed = np.flatnonzero(p.node >= 0)
+    for page in committed.tolist():
+        node = tree.nodes.get(int(p.node[page]))
+        if node is None or node.pages[int(p.life_cycle[page])] != page:
+            out.append(f"committed page {page} is not reachable from the tree")
+
+
+def find_violations(mgr: KVCacheManager) -> list[str]:
+    out: list[str] = []
+    _check_storage(mgr, out)
+    _check_ownership(mgr, out)
+    _check_tree(mgr, out)
+    return out
+
+
+def check_invariants(mgr: KVCacheManager) -> None:
+    problems = find_violations(mgr)
+    if problems:
+        raise InvariantViolation("manager invariants broken:\n  " + "\n  ".join(problems))

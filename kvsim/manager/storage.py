@@ -1,0 +1,199 @@
+"""Storage: slot allocators per (level, pool group), the page table and the eviction cascade.
+
+Making room is split in two so that a failed call changes nothing: :meth:`Storage.plan_room`
+decides every victim of the cascade without touching state (or raises ``OutOfPagesError``), and
+:meth:`Storage.apply_eviction` carries the decided steps out, coldest level first, so each move
+finds its destination slots already free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.errors import OutOfPagesError
+from kvsim.manager.config import StorageLayout
+from kvsim.manager.eviction import select_victims
+from kvsim.manager.pages import PageTable
+from kvsim.manager.plan import CopyBatch, Plan
+from kvsim.manager.slots import SlotAllocator
+from kvsim.manager.stats import Statistics
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionStep:
+    """Move ``victims`` from ``level`` to ``dst_level``, or drop them when ``dst_level`` is None."""
+
+    level: int
+    pool_group: int
+    victims: np.ndarray
+    dst_level: int | None
+
+
+class Storage:
+    def __init__(self, layout: StorageLayout, stats: Statistics | None = None) -> None:
+        self.layout = layout
+        self.pages = PageTable()
+        self.allocators = [[SlotAllocator(n) for n in level] for level in layout.level_slots]
+        self.last_level = layout.num_levels - 1
+        self.stats = stats
+        # Called with the ids of committed pages about to be dropped, so the radix tree can
+        # forget them before their rows are freed.
+        self.on_drop: Callable[[np.ndarray, Plan], None] | None = None
+
+    # -- queries ------------------------------------------------------------------------------
+    def num_slots(self, level: int, group: int) -> int:
+        return self.allocators[level][group].num_slots
+
+    def evictable_at(self, level: int, group: int) -> np.ndarray:
+        used = self.allocators[level][group].used_pages()
+        return used[self.pages.evictable(used, self.last_level)]
+
+    def block_stats(self) -> np.ndarray:
+        """(levels, pool groups, 3): available, unavailable and evictable blocks per cell."""
+        out = np.zeros((self.layout.num_levels, self.layout.num_pool_groups, 3), dtype=np.int64)
+        for lv, row in enumerate(self.allocators):
+            for g, alloc in enumerate(row):
+                evictable = int(self.evictable_at(lv, g).size)
+                available = alloc.num_free + evictable
+                out[lv, g] = (available, alloc.num_slots - available, evictable)
+        return out
+
+    # -- making room --------------------------------------------------------------------------
+    def plan_room(self, level: int, group: int, num_pages: int, plan: Plan,
+                  extra_free: int = 0) -> list[EvictionStep]:
+        """Steps that leave ``num_pages`` free slots at ``(level, group)``; mutates nothing.
+
+        ``extra_free`` counts slots the caller will free itself before applying the steps.
+        Victims of a non-last level go one level colder (recursively making room there);
+        victims of the last level are dropped. Raises ``OutOfPagesError`` when impossible.
+        """
+        short = num_pages - self.allocators[level][group].num_free - extra_free
+        if short <= 0:
+            return []
+        candidates = self.evictable_at(level, group)
+        plan.counts.eviction_rounds += 1
+        plan.counts.eviction_candidates += int(candidates.size)
+        if candidates.size < short:
+            raise OutOfPagesError(
+                f"level {self.layout.level_names[level]!r} pool group {group}: need {short} more "
+                f"slots, only {candidates.size} evictable pages"
+            )
+        victims = select_victims(self.pages, candidates, short)
+        if level == self.last_level:
+            return [EvictionStep(level, group, victims, None)]
+        colder = self.plan_room(level + 1, group, short, plan)
+        return colder + [EvictionStep(level, group, victims, level + 1)]
+
+    def apply_eviction(self, steps: list[EvictionStep], plan: Plan) -> None:
+        for step in steps:
+            if step.dst_level is None:
+                self.drop(step.victims, plan, kind="drop")
+            else:
+                self.move(step.victims, step.level, step.dst_level, step.pool_group, plan)
+
+    # -- primitive mutations --------------------------------------------------------------------
+    def move(self, ids: np.ndarray, src: int, dst: int, group: int, plan: Plan) -> None:
+        """Migrate pages of one pool group from ``src`` to ``dst`` as one copy batch."""
+        if ids.size == 0:
+            return
+        pages = self.pages
+        src_slots = pages.slot[ids].copy()
+        dst_slots = self.allocators[dst][group].allocate(ids)
+        self.allocators[src][group].release(src_slots)
+        pages.level[ids] = dst
+        pages.slot[ids] = dst_slots
+        pg = self.layout.pool_groups[group]
+        batch = CopyBatch(src, dst, group, src_slots, dst_slots, pg.pool_slot_bytes)
+        plan.copies.append(batch)
+        c = plan.counts
+        c.pages_migrated += ids.size
+        c.pages_touched += ids.size
+        c.slots_allocated += ids.size
+        c.slots_freed += ids.size
+        if self.stats is not None:
+            self.stats.record_migration(batch.kind, pages.life_cycle[ids], c)
+
+    def copy_pages(self, src_ids: np.ndarray, dst_ids: np.ndarray, group: int,
+                   plan: Plan) -> None:
+        """Copy the data of pages ``src_ids`` (all on one level) into pages ``dst_ids``."""
+        if src_ids.size == 0:
+            return
+        p = self.pages
+        src_level, dst_level = int(p.level[src_ids[0]]), int(p.level[dst_ids[0]])
+        batch = CopyBatch(src_level, dst_level, group, p.slot[src_ids].copy(),
+                          p.slot[dst_ids].copy(), self.layout.pool_groups[group].pool_slot_bytes)
+        plan.copies.append(batch)
+        plan.counts.pages_touched += src_ids.size + dst_ids.size
+        if self.stats is not None:
+            self.stats.record_migration(batch.kind, p.life_cycle[src_ids], plan.counts)
+
+    def compact(self, level: int, group: int, num_slots: int, plan: Plan) -> None:
+        """Shrink or grow ``(level, group)`` to ``num_slots``, moving pages out of cut slots.
+
+        The caller has already evicted enough pages for the rest to fit.
+        """
+        alloc = self.allocators[level][group]
+        if num_slots < alloc.num_slots:
+            ids = alloc.slot_to_page[num_slots:]
+            ids = ids[ids >= 0]
+            if ids.size:
+                free_low = np.sort(alloc.free_slots())
+                free_low = free_low[free_low < num_slots][: ids.size]
+                src = self.pages.slot[ids].copy()
+                alloc.slot_to_page[src] = -1
+                alloc.slot_to_page[free_low] = ids
+                self.pages.slot[ids] = free_low
+                plan.copies.append(CopyBatch(level, level, group, src, free_low,
+                                             self.layout.pool_groups[group].pool_slot_bytes))
+                plan.counts.pages_migrated += ids.size
+                plan.counts.pages_touched += ids.size
+        alloc.resize(num_slots)
+
+    def allocate(self, level: int, group: int, life_cycles: np.ndarray, depths: np.ndarray,
+                 priorities: np.ndarray, tick: int, plan: Plan) -> np.ndarray:
+        """New pages at ``level`` (slots must be free); returns their ids."""
+        ids = self.pages.allocate(life_cycles.size)
+        slots = self.allocators[level][group].allocate(ids)
+        p = self.pages
+        p.level[ids] = level
+        p.slot[ids] = slots
+        p.pool_group[ids] = group
+        p.life_cycle[ids] = life_cycles
+        p.depth[ids] = depths
+        p.priority[ids] = priorities
+        p.last_used[ids] = tick
+        plan.counts.pages_allocated += ids.size
+        plan.counts.slots_allocated += ids.size
+        plan.counts.pages_touched += ids.size
+        return ids
+
+    def free(self, ids: np.ndarray, plan: Plan) -> None:
+        """Release the slots and rows of pages nobody references any more."""
+        if ids.size == 0:
+            return
+        p = self.pages
+        levels, groups, slots = p.level[ids], p.pool_group[ids], p.slot[ids]
+        for lv in np.unique(levels).tolist():
+            for g in np.unique(groups[levels == lv]).tolist():
+                sel = (levels == lv) & (groups == g)
+                self.allocators[lv][g].release(slots[sel])
+        p.free(ids)
+        plan.counts.pages_freed += ids.size
+        plan.counts.slots_freed += ids.size
+
+    def drop(self, ids: np.ndarray, plan: Plan, kind: str) -> None:
+        """Drop committed, unowned pages: the tree forgets them, then their rows are freed.
+
+        ``kind`` "drop" records them as host-dropped in the statistics; "planned" does not.
+        """
+        if ids.size == 0:
+            return
+        if self.stats is not None and kind == "drop":
+            self.stats.record_migration("drop", self.pages.life_cycle[ids], plan.counts)
+        if self.on_drop is not None:
+            self.on_drop(ids, plan)
+        plan.counts.pages_dropped += ids.size
+        self.free(ids, plan)

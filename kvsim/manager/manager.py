@@ -9,6 +9,7 @@ call that raises or returns False leaves the manager exactly as it was.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -65,7 +66,9 @@ class KVCacheManager:
         self.tree = RadixTree(lay.tokens_per_block)
         self.event_sink = event_sink
         self.last_plan: Plan | None = None
-        self._caches: dict[Hashable, KvCache] = {}
+        # Weak: dropping the last reference to an open cache closes it (its destructor), as in
+        # KVCM2; the manager must not keep it alive.
+        self._caches: weakref.WeakValueDictionary[Hashable, KvCache] = weakref.WeakValueDictionary()
         self._next_cache_id = 0
         self._tick = 0  # LRU clock: advanced once per successful call
         self._is_shut_down = False
@@ -380,7 +383,7 @@ class KVCacheManager:
         self._release(cache.held_pages(), cache._status is CacheStatus.ACTIVE, plan)
         cache._pages = [np.zeros(0, dtype=np.int32) for _ in cache._pages]
         cache._status = CacheStatus.CLOSED
-        del self._caches[cache.cache_id]
+        self._caches.pop(cache.cache_id, None)
 
     # -- resize ---------------------------------------------------------------------------------
     def _resize_cache(self, cache: KvCache, capacity: int, history: int, plan: Plan) -> bool:

@@ -63,5 +63,7 @@ class SlotAllocator:
         s2p[:keep] = self.slot_to_page[:keep]
         self.slot_to_page = s2p
         self.num_slots = num_slots
-        self._free = np.flatnonzero(s2p < 0)[::-1].astype(np.int32)
-        self._num_free = self._free.size
+        free = np.flatnonzero(s2p < 0)[::-1].astype(np.int32)
+        self._free = np.empty(num_slots, dtype=np.int32)  # room for every slot to be freed
+        self._free[: free.size] = free
+        self._num_free = free.size

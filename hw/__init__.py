@@ -1,0 +1,1 @@
+"""GPU execution side of kvsim; imports CuPy/NVML lazily."""

@@ -1,0 +1,61 @@
+"""The ``kvsim`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.name != "burst-resize":
+        raise SystemExit(f"kvsim bench: unknown benchmark {args.name!r} (known: burst-resize)")
+    from kvsim.bench import burst_resize
+
+    progress = None if args.quiet or args.json else (lambda m: print(m, file=sys.stderr))
+    result = burst_resize.run(runs=args.runs, progress=progress)
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+    else:
+        for key in ("offloaded_pages", "offloaded_bytes", "median_ms", "stats_off_median_ms",
+                    "no_eviction_median_ms", "per_page_stats_median_ms"):
+            print(f"{key:>28}: {result[key]}")
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from kvsim.scenario.run import run_scenario_cli
+
+    return run_scenario_cli(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvsim", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    bench = sub.add_parser("bench", help="speed benchmarks (figures for notes, not tests)")
+    bench.add_argument("name", help="benchmark name: burst-resize")
+    bench.add_argument("--runs", type=int, default=10)
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--quiet", action="store_true")
+    bench.set_defaults(func=_cmd_bench)
+
+    run = sub.add_parser("run", help="run a scenario file and write its results and report")
+    run.add_argument("scenario", help="scenario YAML file")
+    run.add_argument("--out", help="output directory (default reports/<scenario name>)")
+    run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a scenario field, e.g. --set seed=3")
+    run.add_argument("--json", action="store_true", help="print the results object to stdout")
+    run.add_argument("--quiet", action="store_true")
+    run.set_defaults(func=_cmd_run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""A byte-exact fingerprint of the manager's state.
+
+Used to prove that read-only calls (``probe_reuse``) change nothing and that failed calls leave
+the manager as it was. Covers the page table, every slot allocator, the radix tree, the pending
+root erasures, the open caches, the statistics and the LRU clock; not ``last_plan``, which is the
+call's output rather than manager state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvsim.manager.manager import KVCacheManager
+
+
+def state_of(mgr: KVCacheManager) -> dict:
+    """The manager's state as plain, comparable data."""
+    tree = mgr.tree
+    return {
+        "pages": {k: v.tobytes() for k, v in mgr.storage.pages.snapshot().items()},
+        "slots": [[(a.num_slots, a.slot_to_page.tobytes(), a.free_slots().tobytes())
+                   for a in row] for row in mgr.storage.allocators],
+        "roots": {repr(scope): sorted((n.node_id, n.key) for n in root.nodes_by_key.values())
+                  for scope, root in tree.roots.items()},
+        "nodes": {nid: (n.key, None if n.parent is None else n.parent.node_id, n.depth,
+                        n.tokens.tobytes(), tuple(n.pages), sorted(n.children))
+                  for nid, n in tree.nodes.items()},
+        "pending_root_erasures": [repr(s) for s in tree.pending_root_erasures],
+        "next_node_id": tree._next_node_id,
+        "caches": {repr(cid): (c.status.value, c.capacity, c.history_length,
+                               c._tokens.tobytes(), c._committed_blocks, c._tail_key,
+                               c._stopped_committing, [t.tobytes() for t in c._pages])
+                   for cid, c in mgr._caches.items()},
+        "stats": ({k: v.tobytes() for k, v in mgr.stats.iteration.items()},
+                  {k: v.tobytes() for k, v in mgr.stats.cumulative.items()},
+                  None if mgr.stats.peaks is None else mgr.stats.peaks.tobytes()),
+        "tick": mgr._tick,
+        "next_cache_id": mgr._next_cache_id,
+        "shut_down": mgr._is_shut_down,
+    }
+
+
+def fingerprint(mgr: KVCacheManager) -> str:
+    """SHA-256 of :func:`state_of`; equal fingerprints mean byte-identical state."""
+    return hashlib.sha256(pickle.dumps(state_of(mgr), protocol=4)).hexdigest()

@@ -1,0 +1,1 @@
+"""Reports: Markdown with matplotlib figures, drawn from saved results."""

@@ -1,0 +1,1 @@
+"""Scenario files: loading with line numbers, validation, running and reporting."""

@@ -1,0 +1,230 @@
+"""The scenario schema: validation of loaded YAML into frozen dataclasses.
+
+Every rejection names the file, the line and the field (``scen.yaml:12: manager.levels.0.quota_bytes:
+must be >= 0, got -1``). Unknown keys are errors, not silently ignored.
+
+Schema (``*`` = required)::
+
+    name*: str                      # also the default report directory, reports/<name>/
+    description: str
+    seed: int >= 0                  # default 0
+    executor: plan                  # manager plans only (more executors come with the simulator)
+    manager*:
+      tokens_per_block: int >= 1    # default 32
+      layers*: list of
+        slot_bytes*: [bytes, ...]   # one entry per buffer (e.g. K and V) per block
+        window_tokens: int >= 1     # omit for full attention
+        sink_tokens: int >= 0
+        count: int >= 1             # repeat this layer (default 1)
+      levels*: list (GPU first) of
+        name*: str
+        quota_bytes*: bytes         # an integer or a string such as "128 MiB"
+      max_util_for_resume: float in (0, 1]
+      partial_reuse: bool
+      enable_stats: bool
+      stats_commit: per_batch | per_page
+      default_priority: int in [0, 100]
+    workload*:
+      kind*: burst_resize
+      history_tokens*: int >= 0
+      capacity_tokens: int >= history_tokens   # default history_tokens + 1
+      growth_steps: int >= 1                   # resize calls to reach the target (1 = burst)
+      gpu_fill_fraction: float in [0, 1]       # tier pressure: GPU filled by earlier requests
+      filler_requests: int >= 1
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kvsim.errors import ConfigError
+from kvsim.manager.config import LayerConfig, LevelConfig, ManagerConfig, StorageLayout
+from kvsim.scenario.source import PathKey, Source
+
+_REQUIRED = object()
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+EXECUTORS = ("plan",)
+WORKLOADS = ("burst_resize",)
+
+
+class Fields:
+    """Typed, located access to one mapping of the scenario."""
+
+    def __init__(self, data: Any, source: Source, path: PathKey, allowed: set[str]) -> None:
+        if not isinstance(data, dict):
+            raise source.error(path, f"must be a mapping, got {type(data).__name__}")
+        unknown = sorted(set(map(str, data)) - allowed)
+        if unknown:
+            raise source.error(path + (unknown[0],),
+                               f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        self.data, self.source, self.path = data, source, path
+
+    def error(self, key: str | int, message: str) -> ConfigError:
+        return self.source.error(self.path + (key,), message)
+
+    def raw(self, key: str, default: Any = _REQUIRED) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if default is _REQUIRED:
+                raise self.source.error(self.path + (key,), "required field is missing")
+            return default
+        return self.data[key]
+
+    def int(self, key: str, default: Any = _REQUIRED, minimum: int = 0,
+            maximum: int | None = None) -> int:
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"must be an integer, got {value!r}")
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+            raise self.error(key, f"must be {bound}, got {value}")
+        return value
+
+    def float(self, key: str, default: Any, low: float, high: float,
+              low_open: bool = False) -> float:
+        value = self.raw(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.error(key, f"must be a number, got {value!r}")
+        if value > high or value < low or (low_open and value == low):
+            bracket = "(" if low_open else "["
+            raise self.error(key, f"must be in {bracket}{low}, {high}], got {value}")
+        return float(value)
+
+    def bool(self, key: str, default: Any = _REQUIRED) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.error(key, f"must be true or false, got {value!r}")
+        return value
+
+    def str(self, key: str, default: Any = _REQUIRED, choices: tuple[str, ...] | None = None) -> str:
+        value = self.raw(key, default)
+        if not isinstance(value, str):
+            raise self.error(key, f"must be a string, got {value!r}")
+        if choices is not None and value not in choices:
+            raise self.error(key, f"must be one of {', '.join(choices)}; got {value!r}")
+        return value
+
+    def size(self, key: str | int, value: Any) -> int:
+        """Bytes from an integer or a string like ``"16 KiB"``."""
+        if isinstance(value, str):
+            m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", value)
+            if not m or m.group(2).lower() not in _UNITS:
+                raise self.error(key, f"must be a byte count such as 4096 or '16 KiB', got {value!r}")
+            number = float(m.group(1)) * _UNITS[m.group(2).lower()]
+            if number != int(number):
+                raise self.error(key, f"{value!r} is not a whole number of bytes")
+            value = int(number)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(key, f"must be a byte count, got {value!r}")
+        if value < 0:
+            raise self.error(key, f"must be >= 0, got {value}")
+        return value
+
+    def sub(self, key: str, allowed: set[str]) -> Fields:
+        return Fields(self.raw(key), self.source, self.path + (key,), allowed)
+
+    def items(self, key: str, allowed: set[str]) -> list[Fields]:
+        value = self.raw(key)
+        if not isinstance(value, list) or not value:
+            raise self.error(key, "must be a non-empty list")
+        return [Fields(v, self.source, self.path + (key, i), allowed) for i, v in enumerate(value)]
+
+
+@dataclass(frozen=True)
+class BurstResizeWorkload:
+    history_tokens: int
+    capacity_tokens: int
+    growth_steps: int = 1
+    gpu_fill_fraction: float = 1.0
+    filler_requests: int = 4
+    kind: str = "burst_resize"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    seed: int
+    executor: str
+    manager: ManagerConfig
+    workload: BurstResizeWorkload
+    source_file: str
+
+
+def _manager(f: Fields) -> ManagerConfig:
+    layers: list[LayerConfig] = []
+    for lf in f.items("layers", {"slot_bytes", "window_tokens", "sink_tokens", "count"}):
+        raw_slots = lf.raw("slot_bytes")
+        if not isinstance(raw_slots, list) or not raw_slots:
+            raise lf.error("slot_bytes", "must be a non-empty list of byte counts")
+        slots = tuple(Fields.size(lf, "slot_bytes", s) for s in raw_slots)
+        if any(s == 0 for s in slots):
+            raise lf.error("slot_bytes", "every slot must be at least 1 byte")
+        window = lf.raw("window_tokens", None)
+        if window is not None:
+            window = lf.int("window_tokens", minimum=1)
+        sinks = lf.int("sink_tokens", 0)
+        if window is None and sinks:
+            raise lf.error("sink_tokens", "only sliding-window layers (window_tokens set) have sinks")
+        layers += [LayerConfig(slots, window, sinks)] * lf.int("count", 1, minimum=1)
+    levels = []
+    for vf in f.items("levels", {"name", "quota_bytes"}):
+        levels.append(LevelConfig(vf.str("name"), vf.size("quota_bytes", vf.raw("quota_bytes"))))
+    if len(levels) > 3:
+        raise f.error("levels", f"at most 3 levels (gpu, host, disk), got {len(levels)}")
+    try:
+        config = ManagerConfig(
+            layers=tuple(layers),
+            levels=tuple(levels),
+            tokens_per_block=f.int("tokens_per_block", 32, minimum=1),
+            max_util_for_resume=f.float("max_util_for_resume", 0.97, 0.0, 1.0, low_open=True),
+            partial_reuse=f.bool("partial_reuse", False),
+            enable_stats=f.bool("enable_stats", True),
+            stats_commit=f.str("stats_commit", "per_batch", ("per_batch", "per_page")),  # type: ignore[arg-type]
+            default_priority=f.int("default_priority", 35, maximum=100),
+        )
+    except ConfigError as e:
+        raise f.error("levels", str(e)) from None
+    layout = StorageLayout.from_config(config)
+    for g, slots in enumerate(layout.level_slots[0]):
+        if slots == 0:
+            raise f.error("levels", f"the GPU level's quota holds no page of pool group {g} "
+                          f"({layout.pool_groups[g].page_bytes} bytes per page)")
+    return config
+
+
+def _workload(f: Fields) -> BurstResizeWorkload:
+    f.str("kind", choices=WORKLOADS)
+    history = f.int("history_tokens")
+    capacity = f.int("capacity_tokens", history + 1)
+    if capacity < history:
+        raise f.error("capacity_tokens", f"must be >= history_tokens ({history}), got {capacity}")
+    return BurstResizeWorkload(
+        history_tokens=history,
+        capacity_tokens=capacity,
+        growth_steps=f.int("growth_steps", 1, minimum=1),
+        gpu_fill_fraction=f.float("gpu_fill_fraction", 1.0, 0.0, 1.0),
+        filler_requests=f.int("filler_requests", 4, minimum=1),
+    )
+
+
+def parse_scenario(data: Any, source: Source) -> Scenario:
+    top = Fields(data, source, (), {"name", "description", "seed", "executor", "manager", "workload"})
+    name = top.str("name")
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
+        raise top.error("name", f"must be letters, digits, '_', '-' or '.', got {name!r}")
+    return Scenario(
+        name=name,
+        description=top.str("description", ""),
+        seed=top.int("seed", 0),
+        executor=top.str("executor", "plan", EXECUTORS),
+        manager=_manager(top.sub("manager", {
+            "tokens_per_block", "layers", "levels", "max_util_for_resume", "partial_reuse",
+            "enable_stats", "stats_commit", "default_priority"})),
+        workload=_workload(top.sub("workload", {
+            "kind", "history_tokens", "capacity_tokens", "growth_steps", "gpu_fill_fraction",
+            "filler_requests"})),
+        source_file=source.filename,
+    )

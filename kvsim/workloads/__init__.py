@@ -1,0 +1,1 @@
+"""Workload generators: sequences of manager API calls."""

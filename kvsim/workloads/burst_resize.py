@@ -1,0 +1,80 @@
+"""Burst-resize workload: earlier requests fill the GPU tier, then one request grows.
+
+Setup: ``filler_requests`` requests commit distinct random tokens and close, leaving
+``gpu_fill_fraction`` of the GPU tier full of committed, droppable (evictable) pages. Then the
+request under study resumes and grows to ``capacity_tokens`` with history ``history_tokens`` in
+``growth_steps`` resize calls (1 = one burst, as in the seed).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.manager import KVCacheManager, KvCache, ManagerConfig
+from kvsim.scenario.schema import BurstResizeWorkload
+
+
+@dataclass(frozen=True)
+class Call:
+    """One API call the workload makes: a phase label and a function of the state."""
+
+    phase: str
+    api: str
+    args: dict
+    invoke: Callable[[], object]
+
+
+def _fill_tokens(config: ManagerConfig, manager: KVCacheManager, fraction: float) -> int:
+    """Tokens of committed history that fill ``fraction`` of the GPU tier's smallest group."""
+    layout = manager.layout
+    blocks = min(
+        slots // len(pg.life_cycles)
+        for slots, pg in zip(layout.level_slots[0], layout.pool_groups)
+    )
+    return int(math.floor(blocks * fraction)) * config.tokens_per_block
+
+
+def _lifetime(manager: KVCacheManager, handle: dict[str, KvCache], phase: str, cache_id: str,
+              capacity: int, history: int | None, tokens: np.ndarray | None,
+              close: bool) -> Iterator[Call]:
+    """create -> resume [-> resize] [-> commit] [-> close] for one request; ``handle["c"]``."""
+
+    def create() -> KvCache:
+        handle["c"] = manager.create_kv_cache(cache_id=cache_id)
+        return handle["c"]
+
+    yield Call(phase, "KVCacheManager.create_kv_cache", {"cache_id": cache_id}, create)
+    yield Call(phase, "KvCache.resume", {"cache_id": cache_id}, lambda: handle["c"].resume())
+    if capacity:
+        args = {"cache_id": cache_id, "capacity": capacity, "history_length": history}
+        yield Call(phase, "KvCache.resize", args, lambda: handle["c"].resize(capacity, history))
+    if tokens is not None:
+        yield Call(phase, "KvCache.commit", {"cache_id": cache_id, "tokens": int(tokens.size)},
+                   lambda: handle["c"].commit(tokens))
+    if close:
+        yield Call(phase, "KvCache.close", {"cache_id": cache_id}, lambda: handle["c"].close())
+
+
+def calls(config: ManagerConfig, workload: BurstResizeWorkload, manager: KVCacheManager,
+          seed: int) -> Iterator[Call]:
+    """The workload's calls, in order; each is invoked before the next is generated."""
+    rng = np.random.default_rng(seed)
+    tpb = config.tokens_per_block
+    total = _fill_tokens(config, manager, workload.gpu_fill_fraction)
+    per_filler = total // workload.filler_requests // tpb * tpb
+    for i in range(workload.filler_requests if per_filler else 0):
+        tokens = rng.integers(0, 2**31, size=per_filler, dtype=np.int64)
+        yield from _lifetime(manager, {}, "setup", f"filler{i}", per_filler, None, tokens, True)
+    request: dict[str, KvCache] = {}
+    yield from _lifetime(manager, request, "setup", "request", 0, None, None, False)
+    steps = workload.growth_steps
+    for s in range(1, steps + 1):
+        capacity = workload.capacity_tokens * s // steps
+        history = workload.history_tokens * s // steps
+        yield Call("growth", "KvCache.resize",
+                   {"cache_id": "request", "capacity": capacity, "history_length": history},
+                   lambda c=capacity, h=history: request["c"].resize(c, h))

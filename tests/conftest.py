@@ -1,0 +1,32 @@
+"""Shared test helpers: small manager configurations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+
+PAGE = 4096  # bytes per page in the small configurations: two 2 KiB slots
+
+
+def small_config(gpu_pages: int = 16, host_pages: int = 32, window: int | None = None,
+                 tokens_per_block: int = 4, disk_pages: int | None = None, **kw) -> ManagerConfig:
+    layers = [LayerConfig(slot_bytes=(2048, 2048))]
+    if window is not None:
+        layers.append(LayerConfig(slot_bytes=(2048, 2048), window_tokens=window))
+    levels = [LevelConfig("gpu", gpu_pages * PAGE * len(layers)),
+              LevelConfig("host", host_pages * PAGE * len(layers))]
+    if disk_pages is not None:
+        levels.append(LevelConfig("disk", disk_pages * PAGE * len(layers)))
+    return ManagerConfig(layers=tuple(layers), levels=tuple(levels),
+                         tokens_per_block=tokens_per_block, **kw)
+
+
+def tokens(start: int, n: int) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.uint32)
+
+
+@pytest.fixture
+def mgr() -> KVCacheManager:
+    return KVCacheManager(small_config())

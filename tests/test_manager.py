@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from conftest import small_config, tokens
+
 from kvsim.errors import (
     CachesStillOpenError,
     InvalidArgumentError,
@@ -445,7 +445,7 @@ def test_empty_roots_are_erased_only_from_exclusive_entry_points():
     before = fingerprint(mgr)
     assert mgr.probe_reuse(tokens(0, 8)) == 0
     assert fingerprint(mgr) == before  # a probe never drains the queue
-    kept = mgr.create_kv_cache()
+    _kept = mgr.create_kv_cache()  # held: dropping it would close it at once
     assert 0 not in mgr.tree.roots and not mgr.tree.pending_root_erasures
     assert mgr.last_plan.counts.roots_erased == 1
 

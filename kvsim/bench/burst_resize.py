@@ -16,14 +16,14 @@ from collections.abc import Callable
 from kvsim.bench.seed_workload import SeedWorkload
 
 
-def _time_resize(workload: SeedWorkload, fill_gpu: bool, runs: int,
+def _time_resize(workload: SeedWorkload, runs: int,
                  progress: Callable[[str], None] | None) -> tuple[list[float], dict]:
     samples_ms: list[float] = []
     plan_info: dict = {}
     for i in range(runs):
-        mgr, request = workload.build(fill_gpu=fill_gpu)
+        mgr, _request, (burst,) = workload.build()
         t0 = time.perf_counter()
-        ok = workload.burst_resize(request)
+        ok = burst.invoke()
         t1 = time.perf_counter()
         if not ok:
             raise RuntimeError("the burst resize failed: the workload is misconfigured")
@@ -45,9 +45,8 @@ def run(runs: int = 10, include_per_page: bool = True,
         progress: Callable[[str], None] | None = None) -> dict:
     """Time the seed workload's resize; returns the JSON-ready result."""
     after = SeedWorkload()
-    samples, info = _time_resize(after, True, runs, progress)
-    no_evict = SeedWorkload(gpu_pages=after.gpu_pages)
-    no_evict_samples, no_evict_info = _time_resize(no_evict, False, runs, progress)
+    samples, info = _time_resize(after, runs, progress)
+    no_evict_samples, no_evict_info = _time_resize(SeedWorkload(fill_gpu=False), runs, progress)
     out = {
         "benchmark": "burst_resize",
         "what": "KvCache.resize(capacity=200001, history_length=200000) on a full GPU tier: "
@@ -57,7 +56,7 @@ def run(runs: int = 10, include_per_page: bool = True,
         "median_ms": statistics.median(samples),
         "samples_ms": samples,
         "stats_off_median_ms": statistics.median(
-            _time_resize(SeedWorkload(enable_stats=False), True, runs, progress)[0]),
+            _time_resize(SeedWorkload(enable_stats=False), runs, progress)[0]),
         "no_eviction_median_ms": statistics.median(no_evict_samples),
         "no_eviction_offloaded_pages": no_evict_info["offloaded_pages"],
         "machine": {
@@ -68,7 +67,7 @@ def run(runs: int = 10, include_per_page: bool = True,
     }
     if include_per_page:
         per_page = SeedWorkload(stats_commit="per_page")
-        pp_samples, pp_info = _time_resize(per_page, True, runs, progress)
+        pp_samples, pp_info = _time_resize(per_page, runs, progress)
         out["per_page_stats_median_ms"] = statistics.median(pp_samples)
         out["per_page_stats_commits"] = pp_info["stats_commits"]
     return out

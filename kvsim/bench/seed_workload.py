@@ -1,81 +1,67 @@
-"""The seed's burst-resize workload (DESIGN.md section 5), as a manager-level setup.
+"""The seed's burst-resize workload (DESIGN.md section 5), as a manager configuration.
 
 A 200K-token disaggregated decode-side request arrives: ``resize(capacity=200_001,
 history_length=200_000)`` on an empty ACTIVE cache, 32 tokens per block, one full-attention and
 one sliding-window life cycle (window 4096 tokens, no sinks) sharing one pool group of 16 KiB
 pages (K and V slots of 8 KiB each). The sliding window keeps 129 pages
 (``ceil(200001 / 32) - (200001 - 4096) // 32``) and full attention 6251, so the call needs
-6380 pages. Before it, the GPU tier is filled with the committed, closed (so droppable and
-evictable) pages of earlier requests; every one of the 6380 pages therefore evicts one page from
-the GPU to the host: 6380 pages, 104,529,920 bytes (99.69 MiB).
+6380 pages. Before it, four earlier requests filled the GPU tier with committed, closed (so
+droppable and evictable) pages; every one of the 6380 pages therefore evicts one page from the
+GPU to the host: 6380 pages, 104,529,920 bytes (99.69 MiB).
+
+``scenarios/seed/burst_resize.yaml`` states the same workload as a scenario file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
+from kvsim.manager import KvCache, KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.workloads.burst_resize import BurstResizeWorkload, calls
 
-from kvsim.manager import KVCacheManager, KvCache, LayerConfig, LevelConfig, ManagerConfig
-
-TOKENS_PER_BLOCK = 32
 PAGE_SLOT_BYTES = (8192, 8192)  # K and V of one block: a 16 KiB page
-WINDOW_TOKENS = 4096
-REQUEST_HISTORY_TOKENS = 200_000
-REQUEST_CAPACITY_TOKENS = 200_001  # room for the first decoded token
-GPU_PAGES = 8192
-HOST_PAGES = 65536
-FILLER_REQUESTS = 4
 
 
 @dataclass(frozen=True)
 class SeedWorkload:
-    gpu_pages: int = GPU_PAGES
-    host_pages: int = HOST_PAGES
-    filler_requests: int = FILLER_REQUESTS
+    gpu_pages: int = 8192
+    host_pages: int = 65536
+    fill_gpu: bool = True
     stats_commit: str = "per_batch"
     enable_stats: bool = True
 
-    @property
-    def page_bytes(self) -> int:
-        return sum(PAGE_SLOT_BYTES)
-
     def config(self) -> ManagerConfig:
+        page_bytes = sum(PAGE_SLOT_BYTES)
         return ManagerConfig(
             layers=(
                 LayerConfig(slot_bytes=PAGE_SLOT_BYTES),
-                LayerConfig(slot_bytes=PAGE_SLOT_BYTES, window_tokens=WINDOW_TOKENS),
+                LayerConfig(slot_bytes=PAGE_SLOT_BYTES, window_tokens=4096),
             ),
             levels=(
-                LevelConfig("gpu", self.gpu_pages * self.page_bytes),
-                LevelConfig("host", self.host_pages * self.page_bytes),
+                LevelConfig("gpu", self.gpu_pages * page_bytes),
+                LevelConfig("host", self.host_pages * page_bytes),
             ),
-            tokens_per_block=TOKENS_PER_BLOCK,
+            tokens_per_block=32,
             enable_stats=self.enable_stats,
             stats_commit=self.stats_commit,  # type: ignore[arg-type]
         )
 
-    def build(self, fill_gpu: bool = True) -> tuple[KVCacheManager, KvCache]:
-        """A manager whose GPU tier is full of evictable pages, and the ACTIVE empty request.
+    def workload(self) -> BurstResizeWorkload:
+        return BurstResizeWorkload(history_tokens=200_000, capacity_tokens=200_001,
+                                   gpu_fill_fraction=1.0 if self.fill_gpu else 0.0)
 
-        With ``fill_gpu`` False the GPU tier is left empty (the seed's no-eviction path).
-        """
-        mgr = KVCacheManager(self.config())
-        if fill_gpu:
-            # Each filler commits distinct tokens for both life cycles and closes; all of its
-            # pages stay committed and droppable on the GPU.
-            tokens_each = self.gpu_pages * TOKENS_PER_BLOCK // (2 * self.filler_requests)
-            for i in range(self.filler_requests):
-                filler = mgr.create_kv_cache()
-                assert filler.resume()
-                assert filler.resize(tokens_each)
-                base = i * tokens_each
-                filler.commit(np.arange(base, base + tokens_each, dtype=np.uint32))
-                filler.close()
-        request = mgr.create_kv_cache()
-        if not request.resume():
-            raise RuntimeError("the seed request could not resume")
-        return mgr, request
-
-    def burst_resize(self, request: KvCache) -> bool:
-        return request.resize(REQUEST_CAPACITY_TOKENS, REQUEST_HISTORY_TOKENS)
+    def build(self, seed: int = 0) -> tuple[KVCacheManager, KvCache, list]:
+        """Run the setup calls; returns the manager, the request and the growth calls to time."""
+        config = self.config()
+        mgr = KVCacheManager(config)
+        growth = []
+        for call in calls(config, self.workload(), mgr, seed):
+            if call.phase == "growth":
+                growth.append(call)
+            else:
+                result = call.invoke()
+                if result is False:
+                    raise RuntimeError(f"seed workload setup failed at {call.api} {call.args}")
+                if call.args.get("cache_id") == "request" and isinstance(result, KvCache):
+                    request = result
+        return mgr, request, growth

@@ -42,6 +42,7 @@ from typing import Any
 from kvsim.errors import ConfigError
 from kvsim.manager.config import LayerConfig, LevelConfig, ManagerConfig, StorageLayout
 from kvsim.scenario.source import PathKey, Source
+from kvsim.workloads.burst_resize import BurstResizeWorkload
 
 _REQUIRED = object()
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -133,16 +134,6 @@ class Fields:
 
 
 @dataclass(frozen=True)
-class BurstResizeWorkload:
-    history_tokens: int
-    capacity_tokens: int
-    growth_steps: int = 1
-    gpu_fill_fraction: float = 1.0
-    filler_requests: int = 4
-    kind: str = "burst_resize"
-
-
-@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
@@ -174,18 +165,17 @@ def _manager(f: Fields) -> ManagerConfig:
         levels.append(LevelConfig(vf.str("name"), vf.size("quota_bytes", vf.raw("quota_bytes"))))
     if len(levels) > 3:
         raise f.error("levels", f"at most 3 levels (gpu, host, disk), got {len(levels)}")
+    options = dict(
+        tokens_per_block=f.int("tokens_per_block", 32, minimum=1),
+        max_util_for_resume=f.float("max_util_for_resume", 0.97, 0.0, 1.0, low_open=True),
+        partial_reuse=f.bool("partial_reuse", False),
+        enable_stats=f.bool("enable_stats", True),
+        stats_commit=f.str("stats_commit", "per_batch", ("per_batch", "per_page")),
+        default_priority=f.int("default_priority", 35, maximum=100),
+    )
     try:
-        config = ManagerConfig(
-            layers=tuple(layers),
-            levels=tuple(levels),
-            tokens_per_block=f.int("tokens_per_block", 32, minimum=1),
-            max_util_for_resume=f.float("max_util_for_resume", 0.97, 0.0, 1.0, low_open=True),
-            partial_reuse=f.bool("partial_reuse", False),
-            enable_stats=f.bool("enable_stats", True),
-            stats_commit=f.str("stats_commit", "per_batch", ("per_batch", "per_page")),  # type: ignore[arg-type]
-            default_priority=f.int("default_priority", 35, maximum=100),
-        )
-    except ConfigError as e:
+        config = ManagerConfig(layers=tuple(layers), levels=tuple(levels), **options)
+    except ConfigError as e:  # rules that span fields (level names unique, ...)
         raise f.error("levels", str(e)) from None
     layout = StorageLayout.from_config(config)
     for g, slots in enumerate(layout.level_slots[0]):

@@ -14,8 +14,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.manager import KVCacheManager, KvCache, ManagerConfig
-from kvsim.scenario.schema import BurstResizeWorkload
+from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+
+
+@dataclass(frozen=True)
+class BurstResizeWorkload:
+    history_tokens: int
+    capacity_tokens: int
+    growth_steps: int = 1
+    gpu_fill_fraction: float = 1.0
+    filler_requests: int = 4
+    kind: str = "burst_resize"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,43 @@
+"""The seed workload behind ``kvsim bench burst-resize`` (its counts, not its timing)."""
+
+from __future__ import annotations
+
+import json
+
+from kvsim.bench.seed_workload import SeedWorkload
+from kvsim.cli import main
+from kvsim.manager.invariants import check_invariants
+
+
+def test_seed_workload_offloads_exactly_the_seed_counts():
+    mgr, request, (burst,) = SeedWorkload().build()
+    assert burst.invoke() is True
+    plan = mgr.last_plan
+    assert plan.offloaded_pages == 6380
+    assert plan.offloaded_bytes == 104_529_920  # 99.69 MiB
+    assert plan.counts.pages_allocated == 6380
+    assert [c.kind for c in plan.copies] == ["offload"]
+    assert request.num_blocks == 6251
+    check_invariants(mgr)
+
+
+def test_without_eviction_nothing_moves():
+    mgr, _request, (burst,) = SeedWorkload(fill_gpu=False).build()
+    assert burst.invoke() is True
+    assert mgr.last_plan.offloaded_pages == 0
+
+
+def test_a_gpu_tier_too_small_for_the_request_fails_cleanly():
+    mgr, _request, (burst,) = SeedWorkload(gpu_pages=512).build()
+    assert burst.invoke() is False  # 512 slots cannot hold 6380 locked pages
+    assert mgr.last_plan.ok is False
+    check_invariants(mgr)
+
+
+def test_bench_command_prints_the_required_keys(capsys):
+    assert main(["bench", "burst-resize", "--runs", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("offloaded_pages", "offloaded_bytes", "median_ms", "no_eviction_median_ms"):
+        assert key in out
+    assert out["offloaded_pages"] == 6380 and out["offloaded_bytes"] == 104_529_920
+    assert out["per_page_stats_commits"] == 6381

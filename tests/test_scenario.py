@@ -1,0 +1,142 @@
+"""Scenario files: validation with file/line/field, runs, results, determinism, atomic writes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvsim.cli import main
+from kvsim.scenario.run import execute, load_scenario, write_results
+from kvsim.scenario.source import ScenarioError
+
+REPO = Path(__file__).resolve().parents[1]
+SEED = REPO / "scenarios" / "seed" / "burst_resize.yaml"
+
+SMALL = """\
+name: small
+seed: 3
+manager:
+  tokens_per_block: 4
+  layers:
+    - slot_bytes: [2 KiB, 2 KiB]
+    - slot_bytes: [2 KiB, 2 KiB]
+      window_tokens: 16
+  levels:
+    - {name: gpu, quota_bytes: 64 KiB}
+    - {name: host, quota_bytes: 1 MiB}
+workload:
+  kind: burst_resize
+  history_tokens: 40
+  growth_steps: 2
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_seed_scenario_offloads_6380_pages():
+    results = execute(load_scenario(SEED))
+    assert results["offload"]["growth_pages"] == 6380
+    assert results["offload"]["growth_bytes"] == 104_529_920
+    assert results["violations"] == []
+    assert all(r["ok"] for r in results["calls"])
+
+
+def test_small_scenario_runs_and_writes_a_complete_report(tmp_path):
+    out = tmp_path / "out"
+    results = execute(load_scenario(write(tmp_path, SMALL)))
+    write_results(results, out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "calls.csv", "migrations.png", "occupancy.png", "report.md", "results.json"]
+    saved = json.loads((out / "results.json").read_text())
+    for key in ("scenario", "executor", "api", "offload", "onboard", "reuse", "lock",
+                "deadlocks", "violations"):
+        assert key in saved
+    growth = [c for c in saved["calls"] if c["phase"] == "growth"]
+    assert len(growth) == 2 and growth[-1]["args"]["capacity"] == 41
+    csv_lines = (out / "calls.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + len(saved["calls"])
+    assert "![occupancy](occupancy.png)" in (out / "report.md").read_text()
+
+
+def test_same_scenario_and_seed_give_byte_identical_outputs(tmp_path):
+    path = write(tmp_path, SMALL)
+    for name in ("a", "b"):
+        write_results(execute(load_scenario(path)), tmp_path / name)
+    for f in ("results.json", "calls.csv", "report.md", "occupancy.png", "migrations.png"):
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+
+
+def test_a_different_seed_changes_the_filler_tokens_only(tmp_path):
+    path = write(tmp_path, SMALL)
+    a = execute(load_scenario(path))
+    b = execute(load_scenario(path, ["seed=4"]))
+    assert a["scenario"]["seed"] == 3 and b["scenario"]["seed"] == 4
+    assert a["offload"] == b["offload"]
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ("  tokens_per_block: 4", "  tokens_per_block: -4", r"s.yaml:4: manager.tokens_per_block: must be >= 1"),
+    ("    - {name: gpu, quota_bytes: 64 KiB}", "    - {name: gpu, quota_bytes: -3}",
+     r"s.yaml:10: manager.levels.0.quota_bytes: must be >= 0, got -3"),
+    ("  history_tokens: 40", "  history_tokens: 40\n  colour: red",
+     r"s.yaml:15: workload.colour: unknown key"),
+    ("  history_tokens: 40", "  history_tokens: forty",
+     r"s.yaml:14: workload.history_tokens: must be an integer"),
+    ("    - {name: gpu, quota_bytes: 64 KiB}", "    - {name: gpu, quota_bytes: 1 KiB}",
+     r"manager.levels: the GPU level's quota holds no page"),
+    ("  kind: burst_resize", "  kind: teleport", r"workload.kind: must be one of burst_resize"),
+    ("seed: 3", "seed: 3\nseed: 4", r"s.yaml:3: seed: duplicate key"),
+    ("      window_tokens: 16", "      window_tokens: 16\n      sink_tokens: 2.5",
+     r"manager.layers.1.sink_tokens: must be an integer"),
+])
+def test_invalid_scenarios_name_file_line_and_field(tmp_path, old, new, message):
+    text = SMALL.replace(old, new)
+    path = write(tmp_path, text)
+    with pytest.raises(ScenarioError, match=message):
+        load_scenario(path)
+
+
+def test_malformed_and_empty_yaml(tmp_path):
+    with pytest.raises(ScenarioError, match=r"bad.yaml:2: malformed YAML"):
+        load_scenario(write(tmp_path, "name: x\n  - : [\n", "bad.yaml"))
+    with pytest.raises(ScenarioError, match="empty.yaml: the file is empty"):
+        load_scenario(write(tmp_path, "", "empty.yaml"))
+    with pytest.raises(ScenarioError, match="cannot read"):
+        load_scenario(tmp_path / "missing.yaml")
+    with pytest.raises(ScenarioError, match="no field 'nope.x.y'"):
+        load_scenario(write(tmp_path, SMALL), ["nope.x.y=1"])
+
+
+def test_cli_run_writes_report_and_prints_json(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", str(write(tmp_path, SMALL)), "--out", str(out), "--json", "--quiet"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["scenario"]["name"] == "small" and "calls" not in printed
+    assert (out / "report.md").exists()
+
+
+def test_cli_run_bad_file_exits_nonzero_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "r"
+    bad = write(tmp_path, SMALL.replace("seed: 3", "seed: -1"))
+    assert main(["run", str(bad), "--out", str(out)]) == 2
+    assert "seed: must be >= 0" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_failed_write_leaves_no_results_directory(tmp_path, monkeypatch):
+    import kvsim.report.scenario_report as report
+
+    def broken(results, out_dir):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report, "write_report", broken)
+    results = execute(load_scenario(write(tmp_path, SMALL)))
+    with pytest.raises(OSError):
+        write_results(results, tmp_path / "out")
+    assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]

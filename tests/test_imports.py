@@ -1,0 +1,16 @@
+"""The simulator side never needs CUDA: importing kvsim pulls in no GPU library."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def test_importing_kvsim_and_running_the_cli_imports_no_gpu_library():
+    code = (
+        "import sys, kvsim, kvsim.cli, kvsim.manager, kvsim.scenario.run, kvsim.bench.burst_resize\n"
+        "bad = [m for m in ('cupy', 'pynvml', 'cuda', 'torch') if m in sys.modules]\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

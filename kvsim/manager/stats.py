@@ -57,12 +57,14 @@ class Statistics:
         self.cumulative = {c: np.zeros(num_life_cycles, dtype=np.int64) for c in CUMULATIVE}
         self.peaks: np.ndarray | None = None  # (L, G, 3) max over samples this iteration
 
-    def _commit(self, delta: dict[str, np.ndarray], counts: WorkCounts) -> None:
+    def _commit(self, delta: dict[str, np.ndarray], counts: WorkCounts,
+                sample: np.ndarray | None = None) -> None:
         for name, values in delta.items():
             self.iteration[name] += values
             if name in self.cumulative:
                 self.cumulative[name] += values
-        sample = self._sampler()
+        if sample is None:
+            sample = self._sampler()
         counts.stats_commits += 1
         counts.stats_scan_units += sample.shape[0] * sample.shape[1]
         self.peaks = sample if self.peaks is None else np.maximum(self.peaks, sample)
@@ -79,11 +81,14 @@ class Statistics:
         blocks_name, bytes_name = MIGRATION_COUNTERS[kind]
         counts.stats_page_records += life_cycles.size
         if self.per_page:
-            one = np.zeros(self._n, dtype=np.int64)
+            # Storage does not change inside one batch, so every per-page re-sample would read
+            # the same cells (the seed's own argument for its fix): sample once and reuse it.
+            # The plan still counts one commit and one full scan per page, as KVCM2 did.
+            sample = self._sampler()
+            unit = np.eye(self._n, dtype=np.int64)
+            unit_bytes = unit * self._page_bytes
             for lc in life_cycles.tolist():
-                one[:] = 0
-                one[lc] = 1
-                self._commit({blocks_name: one, bytes_name: one * self._page_bytes}, counts)
+                self._commit({blocks_name: unit[lc], bytes_name: unit_bytes[lc]}, counts, sample)
             return
         blocks = np.bincount(life_cycles, minlength=self._n).astype(np.int64)
         self._commit({blocks_name: blocks, bytes_name: blocks * self._page_bytes}, counts)

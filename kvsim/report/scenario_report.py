@@ -1,11 +1,25 @@
-"""The report of one scenario run: report.md plus figures, drawn from results.json alone."""
+"""The report of one scenario run: report.md plus figures, drawn from the results object alone."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from kvsim.report.figures import new_figure, save
 
+MAX_CALL_ROWS = 60
+
+
+def _fmt(v, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+# -- plan executor figures ----------------------------------------------------------------------
 
 def _occupancy_figure(results: dict, path: Path) -> None:
     calls = results["calls"]
@@ -15,8 +29,8 @@ def _occupancy_figure(results: dict, path: Path) -> None:
         total = calls[0]["occupancy"][level]["total"] if calls else 0
         used = [c["occupancy"][level]["total"] - c["occupancy"][level]["free"] for c in calls]
         evictable = [c["occupancy"][level]["evictable"] for c in calls]
-        frac = [u / total if total else 0.0 for u in used]
-        line, = ax.plot(x, frac, marker="o", label=f"{name}: used / {total} slots")
+        line, = ax.plot(x, [u / total if total else 0.0 for u in used], marker="o",
+                        label=f"{name}: used / {total} slots")
         ax.plot(x, [e / total if total else 0.0 for e in evictable], linestyle="--",
                 color=line.get_color(), label=f"{name}: evictable")
     ax.set_xlabel("call index")
@@ -45,47 +59,164 @@ def _migration_figure(results: dict, path: Path) -> None:
     save(fig, path)
 
 
+# -- sim executor figures --------------------------------------------------------------------
+
+def _timeline_figure(results: dict, path: Path) -> None:
+    """Per thread: lock waits (light) and holds (dark); below, link GB/s per direction."""
+    calls = [c for c in results["calls"] if c.get("lock_granted_ms") is not None]
+    threads = sorted({c["thread"] for c in results["calls"]})
+    fig, (ax, ax_link) = new_figure(9.0, 6.0, rows=2)
+    for row, thread in enumerate(threads):
+        mine = [c for c in calls if c["thread"] == thread]
+        waits = [(c["start_ms"] + (c["lock_granted_ms"] - c["start_ms"] - c["lock_wait_ms"]),
+                  c["lock_wait_ms"]) for c in mine if c["lock_wait_ms"]]
+        holds = [(c["lock_granted_ms"], c["lock_released_ms"] - c["lock_granted_ms"])
+                 for c in mine if c["lock_released_ms"] is not None]
+        ax.broken_barh(waits, (row - 0.4, 0.8), facecolors="#f4b183", label="wait" if row == 0 else None)
+        ax.broken_barh(holds, (row - 0.4, 0.8), facecolors="#2f5597", label="hold" if row == 0 else None)
+    ax.set_yticks(range(len(threads)))
+    ax.set_yticklabels(threads, fontsize=7)
+    ax.set_title("Manager lock: waits and holds per thread")
+    ax.legend(loc="upper right", fontsize=8)
+    ax.grid(alpha=0.3, axis="x")
+    segs = results.get("link", {}).get("segments", [])
+    if segs:
+        for col, name in ((2, "offload (GPU->host)"), (3, "onboard (host->GPU)")):
+            xs, ys = [], []
+            for s in segs:
+                xs += [s[0] * 1e3, s[1] * 1e3]
+                ys += [s[col], s[col]]
+            ax_link.plot(xs, ys, label=name)
+    ax_link.set_xlabel("simulated time (ms)")
+    ax_link.set_ylabel("link GB/s")
+    ax_link.set_title("Link utilisation")
+    ax_link.legend(loc="upper right", fontsize=8)
+    ax_link.grid(alpha=0.3)
+    ax_link.set_xlim(ax.get_xlim())
+    save(fig, path)
+
+
+def _latency_cdf_figure(results: dict, path: Path) -> None:
+    fig, ax = new_figure()
+    by_api: dict[str, list[float]] = {}
+    for c in results["calls"]:
+        if c.get("latency_ms") is not None:
+            by_api.setdefault(c["api"], []).append(c["latency_ms"])
+    for api, values in sorted(by_api.items()):
+        v = np.sort(np.asarray(values))
+        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=f"{api} (n={v.size})")
+    ax.set_xscale("symlog", linthresh=1e-3)
+    ax.set_xlabel("latency (ms)")
+    ax.set_ylabel("fraction of calls")
+    ax.set_title("API latency CDF")
+    ax.legend(loc="lower right", fontsize=7)
+    ax.grid(alpha=0.3)
+    save(fig, path)
+
+
+def _variants_section(results: dict) -> list[str]:
+    variants = results.get("variants")
+    if not variants:
+        return []
+    metrics = sorted({m for v in variants.values() for m in v.get("reference", {}).get("metrics", {})})
+    lines = ["## Variants", ""]
+    head = "| variant | resize p50 (ms) | offloaded pages | offloaded bytes |"
+    sep = "|---|---|---|---|"
+    for m in metrics:
+        head += f" {m}: reference | error |"
+        sep += "---|---|"
+    lines += [head, sep]
+    for name, v in variants.items():
+        row = (f"| {name} | {_fmt(v.get('resize_p50_ms'))} | {v['offloaded_pages']} | "
+               f"{v['offloaded_bytes']:,} |")
+        for m in metrics:
+            ref = v.get("reference", {}).get("metrics", {}).get(m)
+            if ref is None:
+                row += " - | - |"
+            else:
+                err = ref["error_pct"]
+                row += f" {_fmt(ref['reference'])} | {'-' if err is None else f'{err:+.2f} %'} |"
+        lines.append(row)
+    sources = sorted({v["reference"]["source"] for v in variants.values() if "reference" in v})
+    if sources:
+        lines += ["", "Reference figures: " + "; ".join(sources)]
+    lines.append("")
+    return lines
+
+
+def _api_section(results: dict) -> list[str]:
+    lines = ["## API calls", "", "| API | count | failed | p50 ms | p90 ms | p99 ms | max ms | "
+             "lock wait p50 ms | lock wait max ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for api, row in results["api"].items():
+        lat, wait = row.get("latency", {}), row.get("lock_wait", {})
+        lines.append(f"| `{api}` | {row['count']} | {row['failed']} | {_fmt(lat.get('p50_ms'))} | "
+                     f"{_fmt(lat.get('p90_ms'))} | {_fmt(lat.get('p99_ms'))} | "
+                     f"{_fmt(lat.get('max_ms'))} | {_fmt(wait.get('p50_ms'))} | "
+                     f"{_fmt(wait.get('max_ms'))} |")
+    return lines + [""]
+
+
 def write_report(results: dict, out_dir: Path) -> None:
-    _occupancy_figure(results, out_dir / "occupancy.png")
-    _migration_figure(results, out_dir / "migrations.png")
     sc = results["scenario"]
+    sim = results["executor"] == "sim"
     lines = [
         f"# {sc['name']}",
         "",
         sc["description"].strip() or "(no description)",
         "",
-        f"* scenario file: `{sc['file']}`, seed {sc['seed']}, executor `{results['executor']}`",
-        f"* pages offloaded: {results['offload']['pages']} "
-        f"({results['offload']['bytes']:,} bytes); by the growth phase: "
-        f"{results['offload']['growth_pages']} ({results['offload']['growth_bytes']:,} bytes)",
+        f"* scenario file: `{sc['file']}`, seed {sc['seed']}, executor `{results['executor']}`"
+        + (f", hardware `{results['hardware']}`, CPU cost model `{results['cpu_model']}`" if sim else ""),
+        f"* pages offloaded: {results['offload']['pages']} ({results['offload']['bytes']:,} bytes); "
+        f"by the growth phase: {results['offload']['growth_pages']} "
+        f"({results['offload']['growth_bytes']:,} bytes)",
         f"* pages onboarded: {results['onboard']['pages']}",
-        f"* invariant violations: {len(results['violations'])}",
-        "",
-        "## Calls",
-        "",
-        "| # | phase | API | cache | ok | allocated | offloaded | onboarded | dropped | "
-        "copy batches | stats commits |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for c in results["calls"]:
-        lines.append(
-            f"| {c['index']} | {c['phase']} | `{c['api']}` | {c['cache_id']} | "
-            f"{'yes' if c['ok'] else 'NO'} | {c['allocated_pages']} | {c['offloaded_pages']} | "
-            f"{c['onboarded_pages']} | {c['dropped_pages']} | {c['copy_batches']} | "
-            f"{c['stats_commits']} |")
-    lines += [
-        "",
-        "## Tier occupancy",
-        "",
-        "![occupancy](occupancy.png)",
-        "",
-        "## Migrations",
-        "",
-        "![migrations](migrations.png)",
+        f"* invariant violations: {len(results['violations'])}; deadlocks and lock hazards: "
+        f"{len(results['deadlocks'])}",
         "",
     ]
+    lines += _variants_section(results)
+    if sim:
+        _timeline_figure(results, out_dir / "timeline.png")
+        _latency_cdf_figure(results, out_dir / "latency_cdf.png")
+        lines += _api_section(results)
+        lock = results["lock"]
+        if lock.get("starvation"):
+            st = lock["starvation"]
+            lines += [f"Longest writer wait ({lock['policy']}-preferring lock): "
+                      f"{st['longest_writer_wait_ms']:.3f} ms by `{st['api']}` on {st['thread']}, "
+                      f"while {st['readers_entered_while_waiting']} reader acquisitions entered.", ""]
+        if "probe" in results:
+            during = results["probe"]["during_exclusive_hold"]
+            outside = results["probe"]["outside_exclusive_hold"]
+            lines += ["Probe latency overlapping an exclusive hold: "
+                      f"{during.get('count', 0)} probes, p50 {_fmt(during.get('p50_ms'))} ms, "
+                      f"p99 {_fmt(during.get('p99_ms'))} ms; outside: {outside.get('count', 0)} "
+                      f"probes, p50 {_fmt(outside.get('p50_ms'))} ms.", ""]
+        link = results["link"]
+        lines += [f"Link: {link['bytes']['offload']:,} bytes offloaded, {link['bytes']['onboard']:,} "
+                  f"onboarded; mean rate while busy {link['mean_busy_gbps']['offload']:.2f} / "
+                  f"{link['mean_busy_gbps']['onboard']:.2f} GB/s.", "",
+                  "## Timeline", "", "![timeline](timeline.png)", "",
+                  "## Latency", "", "![latency CDF](latency_cdf.png)", ""]
+        if results["deadlocks"]:
+            lines += ["## Deadlocks and lock hazards", ""]
+            lines += [f"* `{d}`" for d in results["deadlocks"]]
+            lines.append("")
+    else:
+        _occupancy_figure(results, out_dir / "occupancy.png")
+        _migration_figure(results, out_dir / "migrations.png")
+        lines += ["## Calls", "", "| # | thread | phase | API | ok | offloaded | onboarded | dropped "
+                  "| copy batches |", "|---|---|---|---|---|---|---|---|---|"]
+        for c in results["calls"][:MAX_CALL_ROWS]:
+            lines.append(f"| {c['index']} | {c['thread']} | {c['phase']} | `{c['api']}` | "
+                         f"{'yes' if c['ok'] else 'NO'} | {c['offloaded_pages']} | "
+                         f"{c['onboarded_pages']} | {c['dropped_pages']} | {c['copy_batches']} |")
+        if len(results["calls"]) > MAX_CALL_ROWS:
+            lines.append(f"| ... | {len(results['calls']) - MAX_CALL_ROWS} more in calls.csv |")
+        lines += ["", "## Tier occupancy", "", "![occupancy](occupancy.png)", "",
+                  "## Migrations", "", "![migrations](migrations.png)", ""]
     if results["violations"]:
         lines += ["## Invariant violations", ""]
-        lines += [f"* call {v['index']} `{v['api']}`: {v['problem']}" for v in results["violations"]]
+        lines += [f"* call {v['index']} `{v['api']}`: {v['problem']}" for v in results["violations"][:50]]
         lines.append("")
     (out_dir / "report.md").write_text("\n".join(lines))

@@ -1,9 +1,16 @@
-"""Running a scenario: calls through the manager, records, results directory.
+"""Running a scenario: workload through an executor, variants, results directory.
 
-The ``plan`` executor runs the workload's calls through the manager and records, per call, the
-plan it produced (pages allocated, offloaded, onboarded, dropped; bookkeeping counts) and the tier
-occupancy after it. It attaches no time: that is the simulator's job. The invariant checker runs
-after every call; what it finds goes to ``violations``.
+Executors:
+
+* ``plan`` runs every call through the manager in order and records, per call, the plan it
+  produced and the tier occupancy after it. It attaches no time.
+* ``sim`` runs the setup calls untimed, then the workload's threads in the SimPy model
+  (:mod:`kvsim.sim.executor`) on the scenario's hardware and CPU cost presets.
+
+Both check the manager's invariants (after every call, or every exclusive call for ``sim``); what
+they find goes to ``violations``. A scenario with ``variants`` runs once as written and once per
+variant (its ``set`` overrides applied); each variant's summary, with its error against any
+``reference`` figures, goes under ``variants``.
 
 The results directory is written to a temporary sibling first and renamed into place when
 complete, so a failed run never leaves a directory that looks finished.
@@ -12,37 +19,88 @@ complete, so a failed run never leaves a directory that looks finished.
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import io
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
-from collections import Counter
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvsim.errors import KvsimError
 from kvsim.manager import KVCacheManager
 from kvsim.manager.invariants import find_violations
-from kvsim.scenario.schema import Scenario, parse_scenario
-from kvsim.scenario.source import apply_overrides, load_yaml
-from kvsim.workloads import burst_resize
+from kvsim.scenario.schema import Scenario, Variant, parse_scenario
+from kvsim.scenario.source import ScenarioError, Source, apply_overrides, load_yaml
+from kvsim.workloads import burst_resize, concurrent_probe
+from kvsim.workloads.steps import Call, Workload
 
 RESULTS_SCHEMA_VERSION = 1
-CSV_FIELDS = ("index", "phase", "api", "cache_id", "ok", "result", "allocated_pages",
-              "offloaded_pages", "offloaded_bytes", "onboarded_pages", "onboarded_bytes",
-              "dropped_pages", "copy_batches", "stats_commits", "gpu_used", "gpu_evictable",
-              "host_used", "error")
+CSV_FIELDS = ("index", "thread", "phase", "api", "ok", "start_ms", "latency_ms", "lock_wait_ms",
+              "cpu_ms", "copies_done_ms", "offloaded_pages", "offloaded_bytes", "onboarded_pages",
+              "onboarded_bytes", "dropped_pages", "error")
+
+
+@dataclass
+class ScenarioFile:
+    data: dict
+    source: Source
+    base: Scenario
+
+
+def load_scenario_file(path: str | Path, overrides: list[str] | None = None) -> ScenarioFile:
+    data, source = load_yaml(path)
+    if not isinstance(data, dict):
+        raise source.error((), "must be a mapping")
+    if overrides:
+        apply_overrides(data, source, overrides)
+    return ScenarioFile(data, source, parse_scenario(data, source))
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
-    data, source = load_yaml(path)
-    if overrides:
-        if not isinstance(data, dict):
-            raise source.error((), "must be a mapping")
-        apply_overrides(data, source, overrides)
-    return parse_scenario(data, source)
+    return load_scenario_file(path, overrides).base
+
+
+def variant_scenario(sf: ScenarioFile, variant: Variant) -> Scenario:
+    data = copy.deepcopy(sf.data)
+    data.pop("variants", None)
+    for dotted, value in variant.overrides:
+        keys: list[Any] = [int(k) if k.isdigit() else k for k in str(dotted).split(".")]
+        target: Any = data
+        for k in keys[:-1]:
+            if isinstance(target, dict):
+                target = target.setdefault(k, {})
+            else:
+                try:
+                    target = target[k]
+                except (IndexError, TypeError):
+                    raise sf.source.error(("variants", variant.name, "set", dotted),
+                                          "no such field in the scenario") from None
+        target[keys[-1]] = value
+    try:
+        return parse_scenario(data, sf.source)
+    except ScenarioError as e:
+        raise ScenarioError(f"variant {variant.name!r}: {e}") from None
+
+
+def build_workload(scenario: Scenario, manager: KVCacheManager) -> Workload:
+    wl = scenario.workload
+    if isinstance(wl, concurrent_probe.ConcurrentProbeWorkload):
+        return concurrent_probe.workload(scenario.manager, wl, manager, scenario.seed)
+    return burst_resize.workload(scenario.manager, wl, manager, scenario.seed)
+
+
+def _invoke_untimed(call: Call) -> tuple[object, str]:
+    try:
+        return call.invoke(), ""
+    except KvsimError as e:
+        return None, f"{type(e).__name__}: {e}"
 
 
 def _occupancy(manager: KVCacheManager) -> list[dict[str, int]]:
@@ -53,53 +111,122 @@ def _occupancy(manager: KVCacheManager) -> list[dict[str, int]]:
     return out
 
 
-def execute(scenario: Scenario) -> dict:
-    """Run the scenario; returns the results object (deterministic for a scenario and seed)."""
+# -- the plan executor -----------------------------------------------------------------------
+
+def _execute_plan(scenario: Scenario) -> dict:
     manager = KVCacheManager(scenario.manager)
+    workload = build_workload(scenario, manager)
     records: list[dict] = []
     violations: list[dict] = []
-    for index, call in enumerate(burst_resize.calls(scenario.manager, scenario.workload,
-                                                    manager, scenario.seed)):
-        error = ""
-        try:
-            result = call.invoke()
-        except KvsimError as e:
-            result, error = None, f"{type(e).__name__}: {e}"
+
+    def run(call: Call, thread: str) -> None:
+        result, error = _invoke_untimed(call)
         plan = manager.last_plan
-        occupancy = _occupancy(manager)
-        counts = plan.counts
+        manager.last_plan = None
+        ok = not error and result is not False and (plan is None or plan.ok)
         records.append({
-            "index": index,
-            "phase": call.phase,
-            "api": call.api,
-            "cache_id": call.args.get("cache_id", ""),
-            "args": call.args,
-            "ok": bool(plan.ok and not error and result is not False),
+            "index": len(records), "thread": thread, "phase": call.phase, "api": call.api,
+            "args": call.args, "ok": ok,
             "result": result if isinstance(result, bool) else None,
-            "allocated_pages": counts.pages_allocated,
-            "offloaded_pages": plan.offloaded_pages,
-            "offloaded_bytes": plan.offloaded_bytes,
-            "onboarded_pages": plan.onboarded_pages,
-            "onboarded_bytes": plan.onboarded_bytes,
-            "dropped_pages": counts.pages_dropped,
-            "copy_batches": len(plan.copies),
-            "stats_commits": counts.stats_commits,
-            "counts": counts.to_dict(),
-            "occupancy": occupancy,
+            "offloaded_pages": plan.offloaded_pages if plan else 0,
+            "offloaded_bytes": plan.offloaded_bytes if plan else 0,
+            "onboarded_pages": plan.onboarded_pages if plan else 0,
+            "onboarded_bytes": plan.onboarded_bytes if plan else 0,
+            "dropped_pages": plan.counts.pages_dropped if plan else 0,
+            "copy_batches": len(plan.copies) if plan else 0,
+            "counts": plan.counts.to_dict() if plan else {},
+            "occupancy": _occupancy(manager),
             "error": error,
         })
         for problem in find_violations(manager):
-            violations.append({"index": index, "api": call.api, "problem": problem})
-    return _results(scenario, manager, records, violations)
+            violations.append({"index": len(records) - 1, "api": call.api, "problem": problem})
 
-
-def _results(scenario: Scenario, manager: KVCacheManager, records: list[dict],
-             violations: list[dict]) -> dict:
+    for call in workload.setup:
+        run(call, "setup")
+    threads = workload.make_threads()
+    for name in sorted(threads):
+        for step in threads[name]:
+            if isinstance(step, Call):
+                run(step, name)
     per_api: dict[str, dict[str, int]] = {}
     for r in records:
         row = per_api.setdefault(r["api"], {"count": 0, "ok": 0, "failed": 0})
         row["count"] += 1
         row["ok" if r["ok"] else "failed"] += 1
+    return _common(scenario, manager, records, violations) | {
+        "api": per_api,
+        "lock": {"modelled": False, "note": "the plan executor models no time and no lock"},
+        "deadlocks": [],
+    }
+
+
+# -- the sim executor --------------------------------------------------------------------------
+
+def _execute_sim(scenario: Scenario) -> dict:
+    from kvsim.hardware import load_hardware
+    from kvsim.sim import metrics
+    from kvsim.sim.cpu_cost import load_cpu_model
+    from kvsim.sim.executor import SimExecutor, SimOptions
+
+    hardware = load_hardware(scenario.hardware)
+    cpu = load_cpu_model(scenario.cpu_model)
+    manager = KVCacheManager(scenario.manager)
+    workload = build_workload(scenario, manager)
+    setup_failed = []
+    for call in workload.setup:
+        result, error = _invoke_untimed(call)
+        if error or result is False:
+            setup_failed.append({"api": call.api, "args": call.args, "error": error or "False"})
+    s = scenario.sim
+    options = SimOptions(lock_policy=s.lock_policy, copy_path=s.copy_path,
+                         kernel_ctas=s.kernel_ctas, kernel_inflight_bytes=s.kernel_inflight_bytes,
+                         aligned=s.aligned, wait_for_copies=s.wait_for_copies,
+                         gil_release=dict(s.gil_release), check_invariants=s.check_invariants)
+    executor = SimExecutor(manager, hardware, cpu, options)
+    wall0 = time.perf_counter()
+    run = executor.run(workload.make_threads())
+    wall = time.perf_counter() - wall0
+    records = [_sim_record(c) for c in run.calls]
+    deadlocks = [{"kind": "stuck", "threads": [vars(t) for t in run.stuck]}] if run.stuck else []
+    deadlocks += [{"kind": h.kind, "thread": h.thread, "api": h.api, "time": h.time}
+                  for h in run.lock.hazards]
+    out = _common(scenario, manager, records, run.violations) | {
+        "api": metrics.per_api(run.calls),
+        "lock": metrics.lock_summary(run),
+        "deadlocks": deadlocks,
+        "link": metrics.link_summary(run),
+        "copies": metrics.copies_summary(run),
+        "hardware": hardware.name,
+        "cpu_model": cpu.name,
+        "sim": {"end_time_s": run.end_time, "events": run.events_processed,
+                "options": {k: (dict(v) if k == "gil_release" else v)
+                            for k, v in vars(options).items()}},
+        "setup_failures": setup_failed,
+        "_wall_s": wall,  # not written to results.json (varies run to run)
+    }
+    if any(c.api == "KVCacheManager.probe_reuse" for c in run.calls):
+        out["probe"] = metrics.probes_during_holds(run)
+    return out
+
+
+def _sim_record(c) -> dict:
+    ms = (lambda t: None if t is None else t * 1e3)
+    return {
+        "index": c.index, "thread": c.thread, "phase": c.phase, "api": c.api, "args": c.args,
+        "ok": c.ok, "result": c.result if isinstance(c.result, bool) else None,
+        "start_ms": ms(c.start), "latency_ms": ms(c.latency), "lock_wait_ms": ms(c.lock_wait),
+        "lock_granted_ms": ms(c.lock_granted), "lock_released_ms": ms(c.lock_released),
+        "cpu_ms": ms(c.cpu_s), "submit_ms": ms(c.submit_s),
+        "copies_done_ms": ms(c.copies_done),
+        "offloaded_pages": c.offloaded_pages, "offloaded_bytes": c.offloaded_bytes,
+        "onboarded_pages": c.onboarded_pages, "onboarded_bytes": c.onboarded_bytes,
+        "dropped_pages": c.dropped_pages, "counts": c.counts, "cpu_terms_us": c.cpu_terms_us,
+        "error": c.error,
+    }
+
+
+def _common(scenario: Scenario, manager: KVCacheManager, records: list[dict],
+            violations: list[dict]) -> dict:
     growth = [r for r in records if r["phase"] == "growth"]
     committed = manager.get_committed_stats()["life_cycles"]
     reused = sum(lc["reused_blocks"] for lc in committed)
@@ -107,9 +234,8 @@ def _results(scenario: Scenario, manager: KVCacheManager, records: list[dict],
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "scenario": {"name": scenario.name, "file": scenario.source_file, "seed": scenario.seed,
-                     "description": scenario.description},
+                     "description": scenario.description, "workload": scenario.workload.kind},
         "executor": scenario.executor,
-        "api": per_api,
         "offload": {"pages": sum(r["offloaded_pages"] for r in records),
                     "bytes": sum(r["offloaded_bytes"] for r in records),
                     "growth_pages": sum(r["offloaded_pages"] for r in growth),
@@ -118,26 +244,84 @@ def _results(scenario: Scenario, manager: KVCacheManager, records: list[dict],
                     "bytes": sum(r["onboarded_bytes"] for r in records)},
         "reuse": {"reused_blocks": reused, "missed_blocks": missed,
                   "hit_rate": reused / (reused + missed) if reused + missed else None},
-        "lock": {"modelled": False, "note": "the plan executor models no time and no lock"},
-        "deadlocks": [],
         "violations": violations,
         "levels": list(manager.layout.level_names),
         "calls": records,
     }
 
 
+def execute(scenario: Scenario) -> dict:
+    """Run one scenario (no variants); returns its results object."""
+    if scenario.executor == "sim":
+        return _execute_sim(scenario)
+    return _execute_plan(scenario)
+
+
+# -- variants ---------------------------------------------------------------------------------
+
+def variant_summary(results: dict, variant: Variant | None) -> dict:
+    growth = [r for r in results["calls"]
+              if r["phase"] == "growth" and r["api"] == "KvCache.resize"]
+    out: dict[str, Any] = {
+        "offloaded_pages": results["offload"]["growth_pages"],
+        "offloaded_bytes": results["offload"]["growth_bytes"],
+        "violations": len(results["violations"]),
+        "deadlocks": len(results["deadlocks"]),
+    }
+    latencies = [r["latency_ms"] for r in growth if r.get("latency_ms") is not None]
+    if latencies:
+        out["resize_p50_ms"] = statistics.median(latencies)
+        done = [r["copies_done_ms"] - r["start_ms"] for r in growth if r.get("copies_done_ms")]
+        if done:
+            out["resize_copies_done_p50_ms"] = statistics.median(done)
+    if "probe" in results:
+        probe = results["api"].get("KVCacheManager.probe_reuse", {}).get("latency", {})
+        out["probe_p50_ms"] = probe.get("p50_ms")
+        out["probe_p99_ms"] = probe.get("p99_ms")
+        out["probe_during_hold"] = results["probe"]["during_exclusive_hold"]
+        out["starvation"] = results["lock"].get("starvation")
+    if variant is not None and variant.reference:
+        comparison = {}
+        for metric, ref in variant.reference:
+            predicted = out.get(metric)
+            comparison[metric] = {
+                "reference": ref,
+                "predicted": predicted,
+                "error_pct": None if predicted is None or not ref else (predicted - ref) / ref * 100,
+            }
+        out["reference"] = {"source": variant.reference_source, "metrics": comparison}
+    return out
+
+
+def run_scenario(sf: ScenarioFile, progress=None) -> dict:
+    """The scenario as written, plus each variant's summary."""
+    results = execute(sf.base)
+    if sf.base.variants:
+        results["variants"] = {}
+        for i, variant in enumerate(sf.base.variants):
+            if progress is not None:
+                progress(f"variant {i + 1}/{len(sf.base.variants)}: {variant.name}")
+            v_results = execute(variant_scenario(sf, variant))
+            summary = variant_summary(v_results, variant)
+            results["variants"][variant.name] = summary
+            results.setdefault("_variant_results", {})[variant.name] = v_results
+    return results
+
+
+# -- output -------------------------------------------------------------------------------------
+
 def _calls_csv(results: dict) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     for r in results["calls"]:
-        row = {k: r.get(k, "") for k in CSV_FIELDS}
-        occ = r["occupancy"]
-        row["gpu_used"] = occ[0]["total"] - occ[0]["free"]
-        row["gpu_evictable"] = occ[0]["evictable"]
-        row["host_used"] = occ[1]["total"] - occ[1]["free"] if len(occ) > 1 else ""
-        writer.writerow(row)
+        writer.writerow({k: r.get(k, "") for k in CSV_FIELDS})
     return buf.getvalue()
+
+
+def public(results: dict) -> dict:
+    """The results object without run-to-run varying or bulky private fields."""
+    return {k: v for k, v in results.items() if not k.startswith("_")}
 
 
 def write_results(results: dict, out_dir: Path) -> None:
@@ -148,8 +332,13 @@ def write_results(results: dict, out_dir: Path) -> None:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        (tmp / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        (tmp / "results.json").write_text(json.dumps(public(results), indent=1, sort_keys=True) + "\n")
         (tmp / "calls.csv").write_text(_calls_csv(results))
+        for name, v_results in results.get("_variant_results", {}).items():
+            vdir = tmp / "variants" / name
+            vdir.mkdir(parents=True)
+            (vdir / "results.json").write_text(
+                json.dumps(public(v_results), indent=1, sort_keys=True) + "\n")
         write_report(results, tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)
@@ -161,21 +350,25 @@ def write_results(results: dict, out_dir: Path) -> None:
 
 def run_scenario_cli(args: argparse.Namespace) -> int:
     try:
-        scenario = load_scenario(args.scenario, args.set)
+        sf = load_scenario_file(args.scenario, args.set)
     except KvsimError as e:
         print(f"kvsim run: {e}", file=sys.stderr)
         return 2
+    scenario = sf.base
     out = Path(args.out) if args.out else Path("reports") / scenario.name
-    if not args.quiet:
-        print(f"kvsim run: {scenario.name} ({scenario.executor} executor)", file=sys.stderr)
-    results = execute(scenario)
+    say = (lambda m: None) if args.quiet else (lambda m: print(f"kvsim run: {m}", file=sys.stderr))
+    say(f"{scenario.name} ({scenario.executor} executor"
+        + (f", {len(scenario.variants)} variants)" if scenario.variants else ")"))
+    try:
+        results = run_scenario(sf, progress=say)
+    except KvsimError as e:
+        print(f"kvsim run: {e}", file=sys.stderr)
+        return 2
     write_results(results, out)
     if args.json:
-        print(json.dumps({k: v for k, v in results.items() if k != "calls"}, sort_keys=True))
-    if not args.quiet:
-        summary = Counter(r["api"] for r in results["calls"])
-        print(f"kvsim run: {sum(summary.values())} calls, "
-              f"{results['offload']['pages']} pages offloaded, "
-              f"{len(results['violations'])} invariant violations; report in {out}/report.md",
-              file=sys.stderr)
+        print(json.dumps({k: v for k, v in public(results).items() if k != "calls"},
+                         sort_keys=True))
+    say(f"{len(results['calls'])} calls, {results['offload']['pages']} pages offloaded, "
+        f"{len(results['violations'])} invariant violations, {len(results['deadlocks'])} "
+        f"deadlocks; report in {out}/report.md")
     return 1 if results["violations"] else 0

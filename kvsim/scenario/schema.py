@@ -8,7 +8,19 @@ Schema (``*`` = required)::
     name*: str                      # also the default report directory, reports/<name>/
     description: str
     seed: int >= 0                  # default 0
-    executor: plan                  # manager plans only (more executors come with the simulator)
+    executor: plan | sim            # plan: manager plans only, no time; sim: the SimPy model
+    hardware: str                   # sim: a preset (h100-pcie, h200-sxm, gh200, gb200, b200)
+                                    #      or a hardware JSON file (relative to the scenario)
+    cpu_model: str                  # sim: CPU cost preset or JSON file (default kvcm2-cpp)
+    sim:                            # sim executor options
+      lock_policy: reader | writer  # reader: glibc's default, readers may starve a writer
+      copy_path: auto | ce-page | ce-batch | kernel   # auto: KVCM2's choice for the link
+      kernel_ctas: int >= 1         # default: KVCM2's grid policy
+      kernel_inflight_bytes: bytes  # default: the preset's reference depth
+      aligned: bool                 # false: the alignment-agnostic kernel
+      wait_for_copies: bool         # false (KVCM2): calls return after submitting copies
+      gil_release: {API: bool}      # per API: does its binding release the GIL before the lock
+      check_invariants: bool        # after every exclusive call (default true)
     manager*:
       tokens_per_block: int >= 1    # default 32
       layers*: list of
@@ -25,12 +37,24 @@ Schema (``*`` = required)::
       stats_commit: per_batch | per_page
       default_priority: int in [0, 100]
     workload*:
-      kind*: burst_resize
+      kind*: burst_resize | concurrent_probe
+      # burst_resize (also the `background:` mapping of concurrent_probe):
       history_tokens*: int >= 0
       capacity_tokens: int >= history_tokens   # default history_tokens + 1
       growth_steps: int >= 1                   # resize calls to reach the target (1 = burst)
       gpu_fill_fraction: float in [0, 1]       # tier pressure: GPU filled by earlier requests
       filler_requests: int >= 1
+      # concurrent_probe:
+      background*: {burst_resize fields}
+      probe_threads: int >= 1                  # default 8
+      probes_per_thread: int >= 1              # default 500
+      probe_interval_us: float >= 0            # think time between one thread's probes
+      probe_tokens: int >= 1                   # tokens per probe (a filler's committed prefix)
+      resize_start_us: float >= 0              # when the background resize starts
+    variants:                       # optional: named runs of this scenario with overrides
+      NAME:
+        set: {dotted.field: value}  # e.g. manager.stats_commit: per_page
+        reference: {METRIC: number, source: str}   # figures to compare with (e.g. the seed's)
 """
 
 from __future__ import annotations
@@ -43,12 +67,14 @@ from kvsim.errors import ConfigError
 from kvsim.manager.config import LayerConfig, LevelConfig, ManagerConfig, StorageLayout
 from kvsim.scenario.source import PathKey, Source
 from kvsim.workloads.burst_resize import BurstResizeWorkload
+from kvsim.workloads.concurrent_probe import ConcurrentProbeWorkload
 
 _REQUIRED = object()
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-EXECUTORS = ("plan",)
-WORKLOADS = ("burst_resize",)
+EXECUTORS = ("plan", "sim")
+WORKLOADS = ("burst_resize", "concurrent_probe")
+COPY_PATHS = ("auto", "ce-page", "ce-batch", "kernel")
 
 
 class Fields:
@@ -134,14 +160,38 @@ class Fields:
 
 
 @dataclass(frozen=True)
+class SimSettings:
+    lock_policy: str = "reader"
+    copy_path: str = "auto"
+    kernel_ctas: int | None = None
+    kernel_inflight_bytes: int | None = None
+    aligned: bool = True
+    wait_for_copies: bool = False
+    gil_release: tuple[tuple[str, bool], ...] = ()
+    check_invariants: bool = True
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    overrides: tuple[tuple[str, object], ...]
+    reference: tuple[tuple[str, float], ...]
+    reference_source: str
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     description: str
     seed: int
     executor: str
     manager: ManagerConfig
-    workload: BurstResizeWorkload
+    workload: BurstResizeWorkload | ConcurrentProbeWorkload
     source_file: str
+    hardware: str | None = None
+    cpu_model: str = "kvcm2-cpp"
+    sim: SimSettings = SimSettings()
+    variants: tuple[Variant, ...] = ()
 
 
 def _manager(f: Fields) -> ManagerConfig:
@@ -185,8 +235,7 @@ def _manager(f: Fields) -> ManagerConfig:
     return config
 
 
-def _workload(f: Fields) -> BurstResizeWorkload:
-    f.str("kind", choices=WORKLOADS)
+def _burst(f: Fields) -> BurstResizeWorkload:
     history = f.int("history_tokens")
     capacity = f.int("capacity_tokens", history + 1)
     if capacity < history:
@@ -200,21 +249,116 @@ def _workload(f: Fields) -> BurstResizeWorkload:
     )
 
 
+BURST_KEYS = {"history_tokens", "capacity_tokens", "growth_steps", "gpu_fill_fraction",
+              "filler_requests"}
+PROBE_KEYS = {"background", "probe_threads", "probes_per_thread", "probe_interval_us",
+              "probe_tokens", "resize_start_us"}
+
+
+def _workload(data: object, source: Source) -> BurstResizeWorkload | ConcurrentProbeWorkload:
+    kind = Fields(data, source, ("workload",), {"kind"} | BURST_KEYS | PROBE_KEYS).str(
+        "kind", choices=WORKLOADS)
+    if kind == "burst_resize":
+        return _burst(Fields(data, source, ("workload",), {"kind"} | BURST_KEYS))
+    f = Fields(data, source, ("workload",), {"kind"} | PROBE_KEYS)
+    return ConcurrentProbeWorkload(
+        background=_burst(f.sub("background", BURST_KEYS)),
+        probe_threads=f.int("probe_threads", 8, minimum=1),
+        probes_per_thread=f.int("probes_per_thread", 500, minimum=1),
+        probe_interval_us=f.float("probe_interval_us", 0.0, 0.0, 1e9),
+        probe_tokens=f.int("probe_tokens", 4096, minimum=1),
+        resize_start_us=f.float("resize_start_us", 100.0, 0.0, 1e12),
+    )
+
+
+def _sim(f: Fields) -> SimSettings:
+    gil = f.raw("gil_release", {})
+    if not isinstance(gil, dict):
+        raise f.error("gil_release", "must be a mapping of API name to true/false")
+    from kvsim.manager.locking import API_LOCK_MODES
+
+    for api, flag in gil.items():
+        if api not in API_LOCK_MODES:
+            raise f.error("gil_release", f"unknown API {api!r} (see kvsim/manager/locking.py)")
+        if not isinstance(flag, bool):
+            raise f.error("gil_release", f"{api}: must be true or false, got {flag!r}")
+    inflight = f.raw("kernel_inflight_bytes", None)
+    ctas = f.raw("kernel_ctas", None)
+    return SimSettings(
+        lock_policy=f.str("lock_policy", "reader", ("reader", "writer")),
+        copy_path=f.str("copy_path", "auto", COPY_PATHS),
+        kernel_ctas=None if ctas is None else f.int("kernel_ctas", minimum=1),
+        kernel_inflight_bytes=None if inflight is None else f.size("kernel_inflight_bytes", inflight),
+        aligned=f.bool("aligned", True),
+        wait_for_copies=f.bool("wait_for_copies", False),
+        gil_release=tuple(sorted(gil.items())),
+        check_invariants=f.bool("check_invariants", True),
+    )
+
+
+def _variants(data: object, source: Source) -> tuple[Variant, ...]:
+    if data is None:
+        return ()
+    if not isinstance(data, dict) or not data:
+        raise source.error(("variants",), "must be a non-empty mapping of variant names")
+    out = []
+    for name, body in data.items():
+        f = Fields(body if body is not None else {}, source, ("variants", name), {"set", "reference"})
+        overrides = f.raw("set", {})
+        if not isinstance(overrides, dict):
+            raise f.error("set", "must be a mapping of dotted field names to values")
+        ref = f.raw("reference", {})
+        if not isinstance(ref, dict):
+            raise f.error("reference", "must be a mapping of metric names to numbers")
+        ref = dict(ref)
+        ref_source = ref.pop("source", "")
+        if ref and not ref_source:
+            raise f.error("reference", "needs a 'source' saying where the figures come from")
+        for metric, value in ref.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise source.error(("variants", name, "reference", metric), "must be a number")
+        out.append(Variant(str(name), tuple(overrides.items()),
+                           tuple((k, float(v)) for k, v in ref.items()), str(ref_source)))
+    return tuple(out)
+
+
 def parse_scenario(data: Any, source: Source) -> Scenario:
-    top = Fields(data, source, (), {"name", "description", "seed", "executor", "manager", "workload"})
+    top = Fields(data, source, (), {"name", "description", "seed", "executor", "manager",
+                                    "workload", "hardware", "cpu_model", "sim", "variants"})
     name = top.str("name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise top.error("name", f"must be letters, digits, '_', '-' or '.', got {name!r}")
+    executor = top.str("executor", "plan", EXECUTORS)
+    hardware = top.raw("hardware", None)
+    if executor == "sim" and hardware is None:
+        raise top.error("hardware", "the sim executor needs a hardware preset or file")
+    if hardware is not None:
+        hardware = _resolve(top.str("hardware"), source)
     return Scenario(
         name=name,
         description=top.str("description", ""),
         seed=top.int("seed", 0),
-        executor=top.str("executor", "plan", EXECUTORS),
+        executor=executor,
         manager=_manager(top.sub("manager", {
             "tokens_per_block", "layers", "levels", "max_util_for_resume", "partial_reuse",
             "enable_stats", "stats_commit", "default_priority"})),
-        workload=_workload(top.sub("workload", {
-            "kind", "history_tokens", "capacity_tokens", "growth_steps", "gpu_fill_fraction",
-            "filler_requests"})),
+        workload=_workload(top.raw("workload"), source),
         source_file=source.filename,
+        hardware=hardware,
+        cpu_model=_resolve(top.str("cpu_model", "kvcm2-cpp"), source),
+        sim=_sim(top.sub("sim", set(SimSettings.__dataclass_fields__)))
+        if top.raw("sim", None) is not None else SimSettings(),
+        variants=_variants(top.raw("variants", None), source),
     )
+
+
+def _resolve(value: str, source: Source) -> str:
+    """A preset name stays a name; a path is taken relative to the scenario file."""
+    from pathlib import Path
+
+    if not value.endswith(".json"):
+        return value
+    path = Path(value)
+    if not path.is_absolute():
+        path = Path(source.filename).parent / path
+    return str(path)

@@ -9,12 +9,13 @@ request under study resumes and grows to ``capacity_tokens`` with history ``hist
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+from kvsim.workloads.steps import Call, Workload
 
 
 @dataclass(frozen=True)
@@ -25,16 +26,6 @@ class BurstResizeWorkload:
     gpu_fill_fraction: float = 1.0
     filler_requests: int = 4
     kind: str = "burst_resize"
-
-
-@dataclass(frozen=True)
-class Call:
-    """One API call the workload makes: a phase label and a function of the state."""
-
-    phase: str
-    api: str
-    args: dict
-    invoke: Callable[[], object]
 
 
 def _fill_tokens(config: ManagerConfig, manager: KVCacheManager, fraction: float) -> int:
@@ -69,14 +60,19 @@ def _lifetime(manager: KVCacheManager, handle: dict[str, KvCache], phase: str, c
 
 
 def calls(config: ManagerConfig, workload: BurstResizeWorkload, manager: KVCacheManager,
-          seed: int) -> Iterator[Call]:
-    """The workload's calls, in order; each is invoked before the next is generated."""
+          seed: int, filler_tokens: list[np.ndarray] | None = None) -> Iterator[Call]:
+    """The workload's calls, in order; each is invoked before the next is generated.
+
+    ``filler_tokens``, if given, receives each filler's committed tokens (for probes).
+    """
     rng = np.random.default_rng(seed)
     tpb = config.tokens_per_block
     total = _fill_tokens(config, manager, workload.gpu_fill_fraction)
     per_filler = total // workload.filler_requests // tpb * tpb
     for i in range(workload.filler_requests if per_filler else 0):
         tokens = rng.integers(0, 2**31, size=per_filler, dtype=np.int64)
+        if filler_tokens is not None:
+            filler_tokens.append(tokens)
         yield from _lifetime(manager, {}, "setup", f"filler{i}", per_filler, None, tokens, True)
     request: dict[str, KvCache] = {}
     yield from _lifetime(manager, request, "setup", "request", 0, None, None, False)
@@ -87,3 +83,28 @@ def calls(config: ManagerConfig, workload: BurstResizeWorkload, manager: KVCache
         yield Call("growth", "KvCache.resize",
                    {"cache_id": "request", "capacity": capacity, "history_length": history},
                    lambda c=capacity, h=history: request["c"].resize(c, h))
+
+
+def workload(config: ManagerConfig, spec: BurstResizeWorkload, manager: KVCacheManager,
+             seed: int, filler_tokens: list[np.ndarray] | None = None) -> Workload:
+    """Setup (fillers, the request resumed) untimed; the growth on one thread, ``main``."""
+    setup, growth = _split(calls(config, spec, manager, seed, filler_tokens))
+    return Workload(setup=setup, make_threads=lambda: {"main": growth})
+
+
+def _split(stream: Iterator[Call]) -> tuple[Iterator[Call], Iterator[Call]]:
+    """Setup calls are consumed (and invoked) by the caller before growth calls are generated."""
+    growth: list[Call] = []
+
+    def setup() -> Iterator[Call]:
+        for call in stream:
+            if call.phase == "growth":
+                growth.append(call)
+                growth.extend(stream)
+                return
+            yield call
+
+    def grow() -> Iterator[Call]:
+        yield from growth
+
+    return setup(), grow()

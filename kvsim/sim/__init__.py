@@ -1,0 +1,1 @@
+"""The discrete-event model: SimPy executor with lock, GIL, link, copy and CPU-cost models."""

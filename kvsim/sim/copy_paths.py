@@ -1,0 +1,194 @@
+"""Copy-path models: how long one copy batch takes, by path, direction and page size.
+
+Pure functions of a :class:`~kvsim.hardware.spec.HardwareSpec`; the simulator feeds their output
+to the link model, and ``kvsim copy-model`` prints it for one batch alone on the link.
+
+Paths and formulas (B = pages x page_bytes bytes; ``link`` = one direction's bandwidth, times the
+bidirectional factor when the other direction is busy):
+
+* ``ce-page``  -- one ``cudaMemcpyAsync`` per page on one stream:
+  ``t = pages * per_copy_device_us + B / min(ce_plateau, link)``; host: ``pages * per_call_host_us``.
+* ``ce-batch`` -- one ``cudaMemcpyBatchAsync``: ``t = B / min(batch_curve(page_bytes), ce_plateau,
+  link)``, the curve holding the small-copy cliff; host: ``batch_call_host_us +
+  pages * batch_descriptor_host_us``.
+* ``kernel``   -- the LDGSTS kernel on N CTAs: ``lambda = per_cta * min(inflight, knee) / knee``
+  (Little's law: in flight / latency, saturating at the reference depth), ``X(N) = min(N*lambda,
+  Xmax)`` (offload; hard clamp) or ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)`` (soft knee),
+  times the tiling efficiency of the page size, times ``unaligned_efficiency`` for the
+  alignment-agnostic kernel; ``t = B / min(X, link)``; host: ``launch_host_us``.
+  N defaults to KVCM2's grid policy (``grid_ctas``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from kvsim.hardware.spec import DIRECTIONS, HardwareSpec
+
+PATHS = ("ce-page", "ce-batch", "kernel")
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class CopyRequest:
+    path: str
+    direction: str
+    page_bytes: int
+    pages: int
+    ctas: int | None = None
+    inflight_bytes: int | None = None
+    bidirectional: bool = False
+    aligned: bool = True
+
+    def __post_init__(self) -> None:
+        if self.path not in PATHS:
+            raise ValueError(f"path must be one of {', '.join(PATHS)}, got {self.path!r}")
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be offload or onboard, got {self.direction!r}")
+        for name in ("page_bytes", "pages"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        for name in ("ctas", "inflight_bytes"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+
+
+@dataclass(frozen=True)
+class CopyEstimate:
+    """One batch: device seconds, achieved GB/s, host submission seconds, CTAs and SMs used."""
+
+    path: str
+    direction: str
+    seconds: float  # from start on the device to the last byte landed
+    gbps: float  # bytes / seconds / 1e9
+    host_seconds: float  # host time to submit the batch
+    fixed_seconds: float  # device time not spent moving bytes (per-copy overheads)
+    rate_gbps: float  # the byte rate while moving (before link sharing with other transfers)
+    ctas: int | None
+    sms: int  # SMs taken by copy CTAs (0 for copy engines)
+    aligned: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def grid_ctas(hw: HardwareSpec, direction: str) -> int:
+    """KVCM2's CTA count: ``2 * round(mult * cap / kPerCtaGBs / 2)``, clamped to [2, SMs].
+
+    ``cap = link_efficiency * detected link bandwidth``, and on coherent links at most the host's
+    sustained bandwidth.
+    """
+    gp = hw.grid_policy
+    cap = gp.link_efficiency * hw.link.detected_gbps
+    if hw.link.coherent:
+        cap = min(cap, gp.host_sustained_gbps)
+    target = gp.grid_mult[direction] * cap / gp.per_cta_gbps
+    ctas = 2 * int(math.floor(target / 2.0 + 0.5))  # std::lround: halves away from zero
+    return max(2, min(ctas, max(2, hw.kernel.sm_count)))
+
+
+def kernel_inflight(hw: HardwareSpec, direction: str, inflight_bytes: int | None) -> int:
+    return int(inflight_bytes or hw.kernel.reference_inflight_bytes[direction])
+
+
+def kernel_rate_gbps(hw: HardwareSpec, direction: str, ctas: int,
+                     inflight_bytes: int | None = None) -> float:
+    """X(N) of the kernel for full tiles (no page-size or alignment losses)."""
+    k = hw.kernel
+    knee = k.reference_inflight_bytes[direction]
+    per_cta = k.per_cta_gbps[direction] * min(kernel_inflight(hw, direction, inflight_bytes), knee) / knee
+    xmax = k.plateau_gbps[direction]
+    demand = ctas * per_cta
+    p = k.knee_p[direction]
+    if p is None:
+        return min(demand, xmax)
+    return xmax * (1.0 - math.exp(-((demand / xmax) ** p))) ** (1.0 / p)
+
+
+def tiling_efficiency(hw: HardwareSpec, page_bytes: int) -> float:
+    """Fraction of each tile the kernel fills: whole small pages packed per tile, or a ragged
+    last tile per large page."""
+    tile = hw.kernel.tile_bytes
+    if page_bytes < tile:
+        per_tile = tile // page_bytes
+        return per_tile * page_bytes / tile
+    return page_bytes / (math.ceil(page_bytes / tile) * tile)
+
+
+def batch_curve_gbps(hw: HardwareSpec, direction: str, page_bytes: int) -> float:
+    pts = hw.copy_engine.batch_curve[direction]
+    if page_bytes <= pts[0][0]:
+        return pts[0][1]
+    if page_bytes >= pts[-1][0]:
+        return pts[-1][1]
+    x = math.log(page_bytes)
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 <= page_bytes <= x1:
+            f = (x - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + f * (y1 - y0)
+    raise AssertionError("unreachable")
+
+
+def link_gbps(hw: HardwareSpec, direction: str, bidirectional: bool) -> float:
+    solo = hw.link.per_direction_gbps[direction]
+    return solo * hw.link.bidirectional_factor if bidirectional else solo
+
+
+@dataclass(frozen=True)
+class DeviceWork:
+    """What a batch asks of the device: a fixed delay, then bytes at up to ``cap_gbps``."""
+
+    fixed_seconds: float
+    num_bytes: int
+    cap_gbps: float
+    ctas: int | None
+    sms: int
+
+
+def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
+    """The batch's own limits, before it shares the link with anything else."""
+    n_bytes = req.pages * req.page_bytes
+    ce = hw.copy_engine
+    if req.path == "ce-page":
+        cap = ce.plateau_gbps[req.direction]
+        return DeviceWork(req.pages * ce.per_copy_device_us * 1e-6, n_bytes, cap, None, 0)
+    if req.path == "ce-batch":
+        cap = min(batch_curve_gbps(hw, req.direction, req.page_bytes), ce.plateau_gbps[req.direction])
+        return DeviceWork(0.0, n_bytes, cap, None, 0)
+    ctas = req.ctas or grid_ctas(hw, req.direction)
+    cap = kernel_rate_gbps(hw, req.direction, ctas, req.inflight_bytes)
+    cap *= tiling_efficiency(hw, req.page_bytes)
+    if not req.aligned:
+        cap *= hw.kernel.unaligned_efficiency
+    return DeviceWork(0.0, n_bytes, cap, ctas, min(ctas, hw.kernel.sm_count))
+
+
+def host_seconds(hw: HardwareSpec, req: CopyRequest) -> float:
+    ce = hw.copy_engine
+    if req.path == "ce-page":
+        return req.pages * ce.per_call_host_us * 1e-6
+    if req.path == "ce-batch":
+        return (ce.batch_call_host_us + req.pages * ce.batch_descriptor_host_us) * 1e-6
+    return hw.kernel.launch_host_us * 1e-6
+
+
+def estimate(hw: HardwareSpec, req: CopyRequest) -> CopyEstimate:
+    """One batch alone on the link (or against a busy opposite direction)."""
+    work = device_work(hw, req)
+    rate = min(work.cap_gbps, link_gbps(hw, req.direction, req.bidirectional))
+    seconds = work.fixed_seconds + work.num_bytes / (rate * GB)
+    return CopyEstimate(
+        path=req.path,
+        direction=req.direction,
+        seconds=seconds,
+        gbps=work.num_bytes / seconds / GB,
+        host_seconds=host_seconds(hw, req),
+        fixed_seconds=work.fixed_seconds,
+        rate_gbps=rate,
+        ctas=work.ctas,
+        sms=work.sms,
+        aligned=req.aligned,
+    )

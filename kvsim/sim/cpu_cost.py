@@ -1,0 +1,96 @@
+"""CPU cost of the manager's bookkeeping, priced from the counts in each plan.
+
+``seconds(plan) = per_call + sum(unit_cost[k] * counts[k])`` over the plan's
+:class:`~kvsim.manager.plan.WorkCounts`. A change in the manager's structure (one statistics
+commit per batch instead of per page) changes the counts and therefore the predicted time; no
+variant has constants of its own.
+
+Presets live in ``kvsim/hardware/cpu/*.json``; every unit cost names its source. A preset with
+``includes_copy_submission`` true was fitted to end-to-end host times that already contain the
+submission of the copies, so the executor does not add the copy path's host cost on top.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from kvsim.errors import ConfigError
+from kvsim.manager.plan import WorkCounts
+
+CPU_PRESET_DIR = Path(__file__).resolve().parents[1] / "hardware" / "cpu"
+UNITS = tuple(f.name for f in fields(WorkCounts))
+
+
+def cpu_preset_names() -> list[str]:
+    return sorted(p.stem for p in CPU_PRESET_DIR.glob("*.json"))
+
+
+@dataclass(frozen=True)
+class CpuCostModel:
+    name: str
+    description: str
+    per_call_us: float
+    unit_us: dict[str, float]
+    callback_us: float  # Python work per priority-callback or event-sink call (holds the GIL)
+    python_call_us: float  # Python-side cost of entering and leaving a binding (holds the GIL)
+    includes_copy_submission: bool
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def seconds(self, counts: WorkCounts) -> float:
+        total = self.per_call_us
+        for unit, cost in self.unit_us.items():
+            if cost:
+                total += cost * getattr(counts, unit)
+        return total * 1e-6
+
+    def terms_us(self, counts: WorkCounts) -> dict[str, float]:
+        """Each unit's contribution, for reports that trace a time to its formula."""
+        out = {"per_call": self.per_call_us}
+        for unit, cost in self.unit_us.items():
+            n = getattr(counts, unit)
+            if cost and n:
+                out[unit] = cost * n
+        return out
+
+
+def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = CPU_PRESET_DIR / f"{name_or_path}.json"
+        if not path.exists():
+            raise ConfigError(f"unknown CPU cost preset {str(name_or_path)!r} "
+                              f"(known: {', '.join(cpu_preset_names())}; or a JSON file path)")
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}:{e.lineno}: malformed JSON: {e.msg}") from None
+    sources: dict[str, str] = {}
+
+    def value(key: str, entry: object) -> float:
+        if not isinstance(entry, dict) or set(entry) != {"value", "source"}:
+            raise ConfigError(f"{path}: {key}: write {{\"value\": ..., \"source\": \"...\"}}")
+        sources[key] = str(entry["source"])
+        v = entry["value"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise ConfigError(f"{path}: {key}: must be a number >= 0, got {v!r}")
+        return float(v)
+
+    units = data.get("unit_us", {})
+    unknown = sorted(set(units) - set(UNITS))
+    if unknown:
+        raise ConfigError(f"{path}: unit_us.{unknown[0]}: not a plan count "
+                          f"(known: {', '.join(UNITS)})")
+    return CpuCostModel(
+        name=str(data.get("name", path.stem)),
+        description=str(data.get("description", "")),
+        per_call_us=value("per_call_us", data.get("per_call_us")),
+        unit_us={k: value(f"unit_us.{k}", v) for k, v in units.items()},
+        callback_us=value("callback_us", data.get("callback_us")),
+        python_call_us=value("python_call_us", data.get("python_call_us")),
+        includes_copy_submission=bool(data.get("includes_copy_submission", False)),
+        sources=sources,
+    )

@@ -1,0 +1,288 @@
+"""SimExecutor: the manager's calls, in simulated time.
+
+Each workload thread is a SimPy process. One API call goes through:
+
+1. **enter the binding** -- the thread takes the GIL and spends ``python_call_us / 2``;
+2. **GIL release** -- a binding that may block on the lock releases the GIL first (the fixed
+   KVCM2 bindings; per API, ``gil_release``), or keeps it (the bug the seed fixed);
+3. **lock** -- in the API's declared mode (``kvsim.manager.locking``), reader- or writer-preferring;
+4. **manager step** -- the real manager runs the call at this instant and records a plan;
+5. **callbacks** -- priority-callback and event-sink calls re-take the GIL under the lock,
+   ``callback_us`` each;
+6. **CPU** -- ``cpu_model.seconds(plan.counts)``, plus the host cost of submitting the copies
+   (unless the CPU preset already includes it);
+7. **copies** -- submitted to the manager's copy stream; the lock is released; by default the
+   call returns now (stream semantics, as KVCM2), or waits for its copies (``wait_for_copies``);
+8. **return to Python** -- the GIL again, ``python_call_us / 2``.
+
+A thread that can never continue (a lock or GIL wait with no way out) does not freeze the run:
+when no event is left, the executor reports every stuck thread with what it holds and waits for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+
+import simpy
+
+from kvsim.errors import KvsimError
+from kvsim.hardware.spec import HardwareSpec
+from kvsim.manager.locking import API_LOCK_MODES, LockMode
+from kvsim.manager.manager import KVCacheManager, ProbeResult
+from kvsim.manager.invariants import find_violations
+from kvsim.manager.plan import WorkCounts
+from kvsim.sim.copy_paths import PATHS, CopyRequest, host_seconds
+from kvsim.sim.cpu_cost import CpuCostModel
+from kvsim.sim.gil import Gil
+from kvsim.sim.link import Link
+from kvsim.sim.rwlock import LockHazardError, ReentrantSharedMutex
+from kvsim.sim.stream import CopyStream
+from kvsim.workloads.steps import Call, Sleep, Step, Until
+
+
+class CountingEnvironment(simpy.Environment):
+    """A SimPy environment that counts the events it processes (for events-per-second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events_processed = 0
+
+    def step(self) -> None:
+        self.events_processed += 1
+        super().step()
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    lock_policy: str = "reader"
+    copy_path: str = "auto"  # auto (KVCM2's choice) | ce-page | ce-batch | kernel
+    kernel_ctas: int | None = None  # None: KVCM2's grid policy
+    kernel_inflight_bytes: int | None = None  # None: the preset's reference depth
+    aligned: bool = True  # False: pool layout forces the alignment-agnostic kernel
+    wait_for_copies: bool = False
+    gil_release: Mapping[str, bool] = field(default_factory=dict)  # API -> releases the GIL
+    check_invariants: bool = True  # after every exclusive call
+
+
+@dataclass
+class CallRecord:
+    index: int
+    thread: str
+    phase: str
+    api: str
+    args: dict
+    mode: str
+    start: float
+    lock_requested: float | None = None
+    lock_granted: float | None = None
+    lock_released: float | None = None
+    end: float | None = None
+    cpu_s: float = 0.0
+    submit_s: float = 0.0
+    copies_done: float | None = None
+    ok: bool = True
+    result: object = None
+    error: str = ""
+    offloaded_pages: int = 0
+    offloaded_bytes: int = 0
+    onboarded_pages: int = 0
+    onboarded_bytes: int = 0
+    dropped_pages: int = 0
+    counts: dict = field(default_factory=dict)
+    cpu_terms_us: dict = field(default_factory=dict)
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.end is None else self.end - self.start
+
+    @property
+    def lock_wait(self) -> float:
+        if self.lock_requested is None or self.lock_granted is None:
+            return 0.0
+        return self.lock_granted - self.lock_requested
+
+
+@dataclass
+class StuckThread:
+    thread: str
+    api: str
+    waits_for: str
+    holds: list[str]
+
+
+@dataclass
+class SimRun:
+    calls: list[CallRecord]
+    lock: ReentrantSharedMutex
+    gil: Gil
+    link: Link
+    stream: CopyStream
+    stuck: list[StuckThread]
+    violations: list[dict]
+    end_time: float
+    events_processed: int
+
+
+class SimExecutor:
+    def __init__(self, manager: KVCacheManager, hardware: HardwareSpec, cpu: CpuCostModel,
+                 options: SimOptions | None = None) -> None:
+        self.manager = manager
+        self.hw = hardware
+        self.cpu = cpu
+        self.options = options or SimOptions()
+        opt = self.options
+        if opt.copy_path != "auto" and opt.copy_path not in PATHS:
+            raise ValueError(f"copy_path must be auto or one of {', '.join(PATHS)}")
+        self.env = CountingEnvironment()
+        self.lock = ReentrantSharedMutex(self.env, opt.lock_policy)
+        self.gil = Gil(self.env)
+        self.link = Link(self.env, hardware)
+        path = hardware.default_path() if opt.copy_path == "auto" else opt.copy_path
+        self.stream = CopyStream(self.env, "migration", self.link, hardware,
+                                 {"offload": path, "onboard": path}, opt.kernel_ctas,
+                                 opt.kernel_inflight_bytes, opt.aligned)
+        self.calls: list[CallRecord] = []
+        self.violations: list[dict] = []
+        self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
+        self._current_api: dict[str, str] = {}
+        self._alive: set[str] = set()
+
+    # -- the call pipeline ---------------------------------------------------------------------
+    def _call(self, thread: str, call: Call):
+        env, opt = self.env, self.options
+        mode = API_LOCK_MODES.get(call.api, LockMode.NONE)
+        rec = CallRecord(len(self.calls), thread, call.phase, call.api, call.args, mode.value,
+                         env.now)
+        self.calls.append(rec)
+        self._current_api[thread] = call.api
+        half_python = self.cpu.python_call_us * 0.5e-6
+        yield from self._take_gil(thread, call.api)
+        if half_python:
+            yield env.timeout(half_python)
+        if opt.gil_release.get(call.api, True):
+            self.gil.release_fully(thread)
+        if mode is not LockMode.NONE:
+            rec.lock_requested = env.now
+            self._waiting[thread] = ("lock", call.api)
+            try:
+                yield self.lock.acquire(thread, mode, call.api)
+            except LockHazardError as e:
+                del self._waiting[thread]
+                rec.ok, rec.error, rec.end = False, f"LockHazardError: {e}", env.now
+                self.gil.release_fully(thread)
+                return
+            del self._waiting[thread]
+            rec.lock_granted = env.now
+        try:
+            result = call.invoke()
+        except KvsimError as e:
+            result = None
+            rec.ok, rec.error = False, f"{type(e).__name__}: {e}"
+        counts, copies = self._work_of(result)
+        rec.result = result if isinstance(result, (bool, int)) else None
+        if result is False:
+            rec.ok = False
+        rec.counts = counts.to_dict()
+        callbacks = counts.callback_calls + counts.events_emitted
+        if callbacks:
+            # The manager calls back into Python under the lock: it needs the GIL.
+            yield from self._take_gil(thread, call.api + " (callback)")
+            yield env.timeout(callbacks * self.cpu.callback_us * 1e-6)
+            self.gil.release(thread)
+        rec.cpu_s = self.cpu.seconds(counts)
+        rec.cpu_terms_us = self.cpu.terms_us(counts)
+        if rec.cpu_s:
+            yield env.timeout(rec.cpu_s)
+        if not self.cpu.includes_copy_submission:
+            rec.submit_s = sum(host_seconds(self.hw, self.stream.request_for(b))
+                               for b in copies if b.kind != "intra")
+            if rec.submit_s:
+                yield env.timeout(rec.submit_s)
+        done = [self.stream.submit(b, thread, call.api) for b in copies]
+        for b in copies:
+            if b.kind == "offload":
+                rec.offloaded_pages += b.num_pages
+                rec.offloaded_bytes += b.num_bytes
+            elif b.kind == "onboard":
+                rec.onboarded_pages += b.num_pages
+                rec.onboarded_bytes += b.num_bytes
+        rec.dropped_pages = counts.pages_dropped
+        if mode is LockMode.EXCLUSIVE and opt.check_invariants:
+            for problem in find_violations(self.manager):
+                self.violations.append({"index": rec.index, "thread": thread, "api": call.api,
+                                        "time": env.now, "problem": problem})
+        if mode is not LockMode.NONE:
+            self.lock.release(thread)
+            rec.lock_released = env.now
+        if done:
+            all_done = env.all_of(done)
+            all_done.callbacks.append(lambda _e, r=rec: setattr(r, "copies_done", env.now))
+            if opt.wait_for_copies:
+                yield all_done
+        yield from self._take_gil(thread, call.api)
+        if half_python:
+            yield env.timeout(half_python)
+        self.gil.release_fully(thread)
+        rec.end = env.now
+
+    def _take_gil(self, thread: str, api: str):
+        if self.gil.holds(thread):
+            return
+        self._waiting[thread] = ("gil", api)
+        yield self.gil.acquire(thread)
+        del self._waiting[thread]
+
+    def _work_of(self, result: object) -> tuple[WorkCounts, list]:
+        if isinstance(result, ProbeResult):
+            counts = WorkCounts(tree_nodes_visited=result.tree_nodes_visited,
+                                blocks_hashed=result.blocks_hashed)
+            return counts, []
+        plan = self.manager.last_plan
+        if plan is None:
+            return WorkCounts(), []
+        self.manager.last_plan = None  # consumed: the next read-only call must not reuse it
+        return plan.counts, list(plan.copies)
+
+    # -- threads ------------------------------------------------------------------------------
+    def _thread(self, name: str, steps: Iterator[Step]):
+        self._alive.add(name)
+        for step in steps:
+            if isinstance(step, Call):
+                yield from self._call(name, step)
+            elif isinstance(step, Sleep):
+                yield self.env.timeout(step.seconds)
+            elif isinstance(step, Until):
+                if step.time > self.env.now:
+                    yield self.env.timeout(step.time - self.env.now)
+            else:
+                raise TypeError(f"unknown workload step {step!r}")
+        self._alive.discard(name)
+
+    def run(self, threads: Mapping[str, Iterator[Step]], until: float | None = None) -> SimRun:
+        for name in sorted(threads):
+            self.env.process(self._thread(name, threads[name]))
+        self.env.run(until=until)
+        # Threads still alive with no event left can never continue: report them. (With a
+        # time limit that was reached, they were merely cut off.)
+        stuck = self._stuck() if self.env.peek() == float("inf") else []
+        return SimRun(self.calls, self.lock, self.gil, self.link, self.stream, stuck,
+                      self.violations, self.env.now, self.env.events_processed)
+
+    def _stuck(self) -> list[StuckThread]:
+        out = []
+        for thread in sorted(self._alive):
+            what, api = self._waiting.get(thread, ("?", self._current_api.get(thread, "")))
+            holds = []
+            if self.lock.owner == thread:
+                holds.append("manager lock (exclusive)")
+            if thread in self.lock.readers:
+                holds.append("manager lock (shared)")
+            if self.gil.owner == thread:
+                holds.append("GIL")
+            waits = {"lock": "manager lock", "gil": "GIL"}.get(what, what)
+            out.append(StuckThread(thread, api, waits, holds))
+        return out
+
+
+__all__ = ["CopyRequest", "SimExecutor", "SimOptions", "SimRun", "CallRecord", "StuckThread"]

@@ -1,0 +1,133 @@
+"""The CPU-GPU link: two directions, fluid fair sharing, and the cost of running both at once.
+
+Each direction has a solo bandwidth. While both directions carry traffic, each gets
+``bidirectional_factor`` of its solo bandwidth (PCIe and C2C lose throughput to the shared
+protocol and memory traffic; the factor is measured). Inside a direction, concurrent transfers
+share max-min fairly, each capped by its own limit (its copy path's rate): the capped ones take
+their cap and the rest split what is left equally.
+
+Rates change only when a transfer starts or finishes; between those instants every transfer moves
+bytes at a constant rate, so the model is exact for this fluid description and costs O(transfers)
+per change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from kvsim.hardware.spec import DIRECTIONS, HardwareSpec
+
+GB = 1e9
+_EPS_BYTES = 1e-3
+
+
+@dataclass
+class Transfer:
+    tid: int
+    direction: str
+    remaining: float  # bytes
+    cap: float  # bytes/s
+    done: simpy.Event
+    tag: str
+    rate: float = 0.0
+    started: float = 0.0
+
+
+@dataclass
+class LinkSegment:
+    """Constant-rate interval of the link: aggregate bytes/s per direction."""
+
+    start: float
+    end: float
+    offload_bps: float
+    onboard_bps: float
+
+
+@dataclass
+class LinkStats:
+    bytes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0.0))
+    transfers: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
+    segments: list[LinkSegment] = field(default_factory=list)
+
+
+def max_min_share(capacity: float, caps: list[float]) -> list[float]:
+    """Max-min fair rates for transfers with individual caps sharing ``capacity``."""
+    rates = [0.0] * len(caps)
+    order = sorted(range(len(caps)), key=lambda i: caps[i])
+    left, n = capacity, len(caps)
+    for k, i in enumerate(order):
+        share = left / (n - k)
+        rates[i] = min(caps[i], share)
+        left -= rates[i]
+    return rates
+
+
+class Link:
+    def __init__(self, env: simpy.Environment, hw: HardwareSpec) -> None:
+        self.env = env
+        self.solo_bps = {d: hw.link.per_direction_gbps[d] * GB for d in DIRECTIONS}
+        self.bidirectional_factor = hw.link.bidirectional_factor
+        self.active: list[Transfer] = []
+        self.stats = LinkStats()
+        self._last = 0.0
+        self._generation = 0
+        self._next_id = 0
+
+    def transfer(self, num_bytes: int, direction: str, cap_gbps: float, tag: str = "") -> simpy.Event:
+        """Move ``num_bytes`` in ``direction`` at up to ``cap_gbps``; the event fires when done."""
+        done = self.env.event()
+        if num_bytes <= 0:
+            return done.succeed()
+        self._advance()
+        self.active.append(Transfer(self._next_id, direction, float(num_bytes), cap_gbps * GB,
+                                    done, tag, started=self.env.now))
+        self._next_id += 1
+        self.stats.bytes[direction] += num_bytes
+        self.stats.transfers[direction] += 1
+        self._reschedule()
+        return done
+
+    def _advance(self) -> None:
+        """Account bytes moved since the last change at the rates then in force."""
+        now = self.env.now
+        dt = now - self._last
+        if dt > 0:
+            agg = dict.fromkeys(DIRECTIONS, 0.0)
+            for t in self.active:
+                t.remaining -= t.rate * dt
+                agg[t.direction] += t.rate
+            if any(agg.values()):
+                self.stats.segments.append(LinkSegment(self._last, now, agg["offload"], agg["onboard"]))
+        self._last = now
+
+    def _reschedule(self) -> None:
+        finished = [t for t in self.active if t.remaining <= _EPS_BYTES]
+        self.active = [t for t in self.active if t.remaining > _EPS_BYTES]
+        for t in finished:
+            t.done.succeed()
+        busy = {d: any(t.direction == d for t in self.active) for d in DIRECTIONS}
+        both = all(busy.values())
+        for d in DIRECTIONS:
+            group = [t for t in self.active if t.direction == d]
+            if not group:
+                continue
+            capacity = self.solo_bps[d] * (self.bidirectional_factor if both else 1.0)
+            for t, rate in zip(group, max_min_share(capacity, [t.cap for t in group])):
+                t.rate = rate
+        self._generation += 1
+        if self.active:
+            dt = min(t.remaining / t.rate for t in self.active)
+            gen = self._generation
+            timer = self.env.timeout(max(dt, 0.0))
+            timer.callbacks.append(lambda _e: self._on_timer(gen))
+
+    def _on_timer(self, generation: int) -> None:
+        if generation != self._generation:
+            return  # a later change rescheduled
+        self._advance()
+        # Floating-point residue: the transfer that set the timer is finished by construction.
+        soonest = min(self.active, key=lambda t: t.remaining / t.rate if t.rate else float("inf"))
+        soonest.remaining = min(soonest.remaining, 0.0)
+        self._reschedule()

@@ -1,0 +1,86 @@
+"""A CUDA stream of copy batches: FIFO on the device, each batch through its copy path.
+
+``submit`` returns at once with an event that fires when the batch's last byte has landed
+(stream semantics: the API that submitted it may already have returned). Batches on one stream
+run one after another; batches on different streams share the link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from kvsim.hardware.spec import HardwareSpec
+from kvsim.manager.plan import COPY_INTRA, CopyBatch
+from kvsim.sim.copy_paths import CopyRequest, device_work
+from kvsim.sim.link import GB, Link
+
+
+@dataclass
+class CopyRecord:
+    stream: str
+    thread: str
+    api: str
+    kind: str
+    path: str
+    pages: int
+    page_bytes: int
+    num_bytes: int
+    ctas: int | None
+    sms: int
+    submitted: float
+    started: float | None = None
+    finished: float | None = None
+
+
+class CopyStream:
+    def __init__(self, env: simpy.Environment, name: str, link: Link, hw: HardwareSpec,
+                 path_for: dict[str, str], ctas: int | None, inflight_bytes: int | None,
+                 aligned: bool) -> None:
+        self.env = env
+        self.name = name
+        self.link = link
+        self.hw = hw
+        self.path_for = path_for  # direction -> copy path
+        self.ctas = ctas
+        self.inflight_bytes = inflight_bytes
+        self.aligned = aligned
+        self.records: list[CopyRecord] = []
+        self._queue: simpy.Store = simpy.Store(env)
+        env.process(self._drain())
+
+    def request_for(self, batch: CopyBatch) -> CopyRequest:
+        return CopyRequest(self.path_for[batch.kind], batch.kind, batch.page_bytes,
+                           batch.num_pages, self.ctas, self.inflight_bytes,
+                           aligned=self.aligned)
+
+    def submit(self, batch: CopyBatch, thread: str, api: str) -> simpy.Event:
+        done = self.env.event()
+        if batch.kind == COPY_INTRA:
+            record = CopyRecord(self.name, thread, api, batch.kind, "device-local", batch.num_pages,
+                                batch.page_bytes, batch.num_bytes, None, 0, self.env.now)
+        else:
+            req = self.request_for(batch)
+            work = device_work(self.hw, req)
+            record = CopyRecord(self.name, thread, api, batch.kind, req.path, batch.num_pages,
+                                batch.page_bytes, batch.num_bytes, work.ctas, work.sms,
+                                self.env.now)
+        self.records.append(record)
+        self._queue.put((batch, record, done))
+        return done
+
+    def _drain(self):
+        while True:
+            batch, record, done = yield self._queue.get()
+            record.started = self.env.now
+            if batch.kind == COPY_INTRA:
+                yield self.env.timeout(batch.num_bytes / (self.hw.device_copy_gbps * GB))
+            else:
+                work = device_work(self.hw, self.request_for(batch))
+                if work.fixed_seconds:
+                    yield self.env.timeout(work.fixed_seconds)
+                yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps,
+                                         tag=f"{record.thread}:{record.api}")
+            record.finished = self.env.now
+            done.succeed()

@@ -1,0 +1,60 @@
+"""Concurrent probes during a background burst resize (the seed's concurrency tests).
+
+Setup is the burst-resize setup: earlier requests fill the GPU tier with committed pages. Then
+``probe_threads`` threads each call ``probe_reuse`` ``probes_per_thread`` times (closed loop, with
+``probe_interval_us`` of think time between probes), probing the first ``probe_tokens`` tokens of
+a filler request's committed tokens (thread i probes filler i mod fillers, so every probe walks
+real tree nodes). At ``resize_start_us`` the ``resize`` thread grows the request, which holds the
+manager lock exclusively while it evicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.manager import KVCacheManager, ManagerConfig
+from kvsim.workloads import burst_resize
+from kvsim.workloads.steps import Call, Sleep, Step, Until, Workload
+
+
+@dataclass(frozen=True)
+class ConcurrentProbeWorkload:
+    background: burst_resize.BurstResizeWorkload
+    probe_threads: int = 8
+    probes_per_thread: int = 500
+    probe_interval_us: float = 0.0
+    probe_tokens: int = 4096
+    resize_start_us: float = 100.0
+    kind: str = "concurrent_probe"
+
+
+def _prober(manager: KVCacheManager, tokens: np.ndarray, count: int,
+            interval_s: float) -> Iterator[Step]:
+    for i in range(count):
+        if i and interval_s:
+            yield Sleep(interval_s)
+        yield Call("probe", "KVCacheManager.probe_reuse", {"tokens": int(tokens.size)},
+                   lambda: manager.probe(tokens))
+
+
+def workload(config: ManagerConfig, spec: ConcurrentProbeWorkload, manager: KVCacheManager,
+             seed: int) -> Workload:
+    fillers: list[np.ndarray] = []
+    base = burst_resize.workload(config, spec.background, manager, seed, fillers)
+
+    def resize_thread(growth: Iterator[Step]) -> Iterator[Step]:
+        yield Until(spec.resize_start_us * 1e-6)
+        yield from growth
+
+    def threads() -> dict[str, Iterator[Step]]:
+        out: dict[str, Iterator[Step]] = {"resize": resize_thread(base.make_threads()["main"])}
+        for i in range(spec.probe_threads):
+            source = fillers[i % len(fillers)] if fillers else np.zeros(0, dtype=np.int64)
+            out[f"probe{i}"] = _prober(manager, source[: spec.probe_tokens],
+                                       spec.probes_per_thread, spec.probe_interval_us * 1e-6)
+        return out
+
+    return Workload(setup=base.setup, make_threads=threads)

@@ -1,0 +1,152 @@
+"""The SimPy executor end to end, on toy hardware with hand-checkable costs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvsim.scenario.run import execute, load_scenario, run_scenario, load_scenario_file
+
+DATA = Path(__file__).parent / "data"
+
+SCENARIO = """\
+name: toy_sim
+executor: sim
+hardware: toy-hardware.json
+cpu_model: toy-cpu.json
+sim:
+  lock_policy: {policy}
+manager:
+  tokens_per_block: 4
+  layers:
+    - slot_bytes: [32 KiB, 32 KiB]
+  levels:
+    - {{name: gpu, quota_bytes: 4 MiB}}
+    - {{name: host, quota_bytes: 64 MiB}}
+workload:
+{workload}
+"""
+
+BURST = """\
+  kind: burst_resize
+  history_tokens: 160
+  capacity_tokens: 160
+  filler_requests: 2
+"""
+
+PROBE = """\
+  kind: concurrent_probe
+  probe_threads: 8
+  probes_per_thread: 25
+  probe_tokens: 128
+  resize_start_us: 5
+  background:
+    history_tokens: 160
+    capacity_tokens: 160
+    filler_requests: 2
+"""
+
+
+def scenario(tmp_path, workload=BURST, policy="reader", extra=""):
+    path = DATA / f"_{tmp_path.name}.yaml"
+    path.write_text(SCENARIO.format(policy=policy, workload=workload) + extra)
+    try:
+        return load_scenario_file(path)
+    finally:
+        path.unlink()
+
+
+def test_burst_resize_latency_is_the_sum_of_its_formula_terms(tmp_path):
+    results = execute(scenario(tmp_path).base)
+    (call,) = [c for c in results["calls"] if c["phase"] == "growth"]
+    # 40 blocks of 64 KiB on a 64-page GPU tier filled with 64 committed pages: 40 evicted.
+    assert call["offloaded_pages"] == 40
+    counts = call["counts"]
+    assert counts["pages_allocated"] == 40 and counts["pages_migrated"] == 40
+    cpu_us = 1.0 + 0.5 * 40 + 1.0 * 40 + 0.1 * counts["stats_scan_units"]
+    assert call["cpu_ms"] == pytest.approx(cpu_us / 1e3)
+    submit_us = 5.0 + 0.5 * 40  # ce-batch on the toy PCIe link: per call + per descriptor
+    assert call["submit_ms"] == pytest.approx(submit_us / 1e3)
+    python_us = 2.0  # entering and leaving the binding
+    assert call["latency_ms"] == pytest.approx((cpu_us + submit_us + python_us) / 1e3)
+    # Copies run after submission: 40 x 64 KiB at the toy batch curve's 50 GB/s plateau.
+    copy_s = 40 * 65536 / 50e9
+    assert call["copies_done_ms"] - call["lock_released_ms"] == pytest.approx(copy_s * 1e3)
+    assert results["link"]["bytes"]["offload"] == 40 * 65536
+    assert results["violations"] == [] and results["deadlocks"] == []
+
+
+def test_waiting_for_copies_makes_the_call_include_them(tmp_path):
+    sf = scenario(tmp_path, extra="")
+    sf.data["sim"]["wait_for_copies"] = True
+    from kvsim.scenario.schema import parse_scenario
+
+    results = execute(parse_scenario(sf.data, sf.source))
+    (call,) = [c for c in results["calls"] if c["phase"] == "growth"]
+    assert call["start_ms"] + call["latency_ms"] >= call["copies_done_ms"]
+
+
+def test_reader_and_writer_preference_differ_for_probes_during_a_resize(tmp_path):
+    reader = execute(scenario(tmp_path, PROBE, "reader").base)
+    writer = execute(scenario(tmp_path, PROBE, "writer").base)
+    r_wait = reader["lock"]["starvation"]["longest_writer_wait_ms"]
+    w_wait = writer["lock"]["starvation"]["longest_writer_wait_ms"]
+    assert reader["lock"]["starvation"]["readers_entered_while_waiting"] > 0
+    assert writer["lock"]["starvation"]["readers_entered_while_waiting"] == 0
+    assert w_wait < r_wait  # writer preference bounds the resize's wait ...
+    # ... and makes the probes that meet the resize wait for its hold instead
+    assert writer["probe"]["during_exclusive_hold"]["count"] > 0
+    assert writer["probe"]["during_exclusive_hold"]["max_ms"] >= writer["api"]["KvCache.resize"][
+        "latency"]["max_ms"] - w_wait - 1e-9
+    assert reader["api"]["KVCacheManager.probe_reuse"]["count"] == 200
+
+
+def test_a_binding_that_keeps_the_gil_while_a_callback_needs_it_is_reported_stuck(tmp_path):
+    from kvsim.scenario.schema import parse_scenario
+    from kvsim.manager import KVCacheManager
+    from kvsim.hardware import load_hardware
+    from kvsim.sim.cpu_cost import load_cpu_model
+    from kvsim.sim.executor import SimExecutor, SimOptions
+    from kvsim.workloads.steps import Call, Sleep
+
+    sf = scenario(tmp_path)
+    sc = parse_scenario(sf.data, sf.source)
+    mgr = KVCacheManager(sc.manager)
+    a = mgr.create_kv_cache(priority_callback=lambda block, lc: 50)
+    b = mgr.create_kv_cache()
+    assert a.resume() and b.resume() and b.resize(8)
+    options = SimOptions(gil_release={"KvCache.commit": False})
+    ex = SimExecutor(mgr, load_hardware(DATA / "toy-hardware.json"),
+                     load_cpu_model(DATA / "toy-cpu.json"), options)
+
+    def antagonist():  # holds the lock, then needs the GIL for its priority callback
+        yield Call("t", "KvCache.resize", {}, lambda: a.resize(40))
+
+    def victim():  # a binding that blocks on the lock without releasing the GIL
+        yield Sleep(0.5e-6)
+        yield Call("t", "KvCache.commit", {}, lambda: b.commit(list(range(8))))
+
+    run = ex.run({"a": antagonist(), "b": victim()})
+    stuck = {s.thread: s for s in run.stuck}
+    assert set(stuck) == {"a", "b"}
+    assert stuck["a"].waits_for == "GIL" and "manager lock (exclusive)" in stuck["a"].holds
+    assert stuck["b"].waits_for == "manager lock" and "GIL" in stuck["b"].holds
+    # With the fix (the binding releases the GIL first) both finish.
+    mgr2 = KVCacheManager(sc.manager)
+    a2 = mgr2.create_kv_cache(priority_callback=lambda block, lc: 50)
+    b2 = mgr2.create_kv_cache()
+    assert a2.resume() and b2.resume() and b2.resize(8)
+    a, b = a2, b2
+    ex2 = SimExecutor(mgr2, load_hardware(DATA / "toy-hardware.json"),
+                      load_cpu_model(DATA / "toy-cpu.json"), SimOptions())
+    assert ex2.run({"a": antagonist(), "b": victim()}).stuck == []
+
+
+def test_sim_results_are_deterministic(tmp_path):
+    from kvsim.scenario.run import public
+    import json
+
+    one = json.dumps(public(execute(scenario(tmp_path, PROBE).base)), sort_keys=True)
+    two = json.dumps(public(execute(scenario(tmp_path, PROBE).base)), sort_keys=True)
+    assert one == two

@@ -1,0 +1,131 @@
+"""The fluid link model and the copy-path formulas, against hand-computed answers."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import simpy
+
+from kvsim.errors import ConfigError
+from kvsim.hardware import load_hardware
+from kvsim.sim.copy_paths import (
+    CopyRequest,
+    batch_curve_gbps,
+    estimate,
+    grid_ctas,
+    kernel_rate_gbps,
+    tiling_efficiency,
+)
+from kvsim.sim.link import Link, max_min_share
+
+TOY = Path(__file__).parent / "data" / "toy-hardware.json"
+
+
+@pytest.fixture
+def toy():
+    return load_hardware(TOY)
+
+
+def finish_times(toy, transfers):
+    env = simpy.Environment()
+    link = Link(env, toy)
+    done = {}
+
+    def go(name, start, nbytes, direction, cap):
+        yield env.timeout(start)
+        yield link.transfer(nbytes, direction, cap)
+        done[name] = env.now
+
+    for t in transfers:
+        env.process(go(*t))
+    env.run()
+    return done, link
+
+
+def test_one_transfer_runs_at_its_cap_or_the_link(toy):
+    done, link = finish_times(toy, [("a", 0, 50e9, "offload", 1000.0)])
+    assert done["a"] == pytest.approx(0.5)  # 50 GB at the 100 GB/s link
+    done, _ = finish_times(toy, [("a", 0, 10e9, "offload", 20.0)])
+    assert done["a"] == pytest.approx(0.5)  # capped at 20 GB/s
+    assert link.stats.bytes["offload"] == 50e9
+
+
+def test_same_direction_transfers_share_max_min_fairly(toy):
+    # a (cap 20) and b (uncapped) together: a 20, b 80 GB/s.
+    done, _ = finish_times(toy, [("a", 0, 10e9, "offload", 20.0), ("b", 0, 40e9, "offload", 999.0)])
+    assert done["a"] == pytest.approx(0.5)
+    assert done["b"] == pytest.approx(0.5)
+    assert max_min_share(100.0, [20.0, 999.0, 999.0]) == [20.0, 40.0, 40.0]
+
+
+def test_both_directions_at_once_pay_the_bidirectional_factor(toy):
+    # Alone 100 GB/s each; together 50 GB/s each (factor 0.5) until the shorter one ends.
+    done, _ = finish_times(toy, [("off", 0, 25e9, "offload", 999.0), ("on", 0, 50e9, "onboard", 999.0)])
+    assert done["off"] == pytest.approx(0.5)
+    assert done["on"] == pytest.approx(0.5 + 25e9 / 100e9)
+
+
+def test_grid_policy_picks_kvcm2s_ctas_on_gh200():
+    gh = load_hardware("gh200")
+    assert (grid_ctas(gh, "offload"), grid_ctas(gh, "onboard")) == (8, 12)
+    off = kernel_rate_gbps(gh, "offload", 8) / gh.kernel.plateau_gbps.offload
+    on = kernel_rate_gbps(gh, "onboard", 12) / gh.kernel.plateau_gbps.onboard
+    assert off == pytest.approx(0.97, abs=0.01)
+    assert on == pytest.approx(0.94, abs=0.015)
+
+
+def test_kernel_littles_law_and_plateau(toy):
+    assert kernel_rate_gbps(toy, "offload", 3) == pytest.approx(30.0)
+    assert kernel_rate_gbps(toy, "offload", 10) == pytest.approx(60.0)  # hard clamp
+    assert kernel_rate_gbps(toy, "offload", 3, inflight_bytes=16384) == pytest.approx(15.0)
+    soft = kernel_rate_gbps(toy, "onboard", 6)  # p = 2: 60 * (1 - e^-1)^(1/2)
+    assert soft == pytest.approx(60.0 * math.sqrt(1 - math.exp(-1)))
+    # toy policy: cap 0.8 * 100 = 80 GB/s / 10 per CTA = 8 -> offload 8, onboard 12
+    assert grid_ctas(toy, "offload") == 8 and grid_ctas(toy, "onboard") == 12
+
+
+def test_tiling_efficiency_and_batch_curve(toy):
+    assert tiling_efficiency(toy, 4096) == 1.0
+    assert tiling_efficiency(toy, 3000) == pytest.approx(3000 / 4096)
+    assert tiling_efficiency(toy, 6144) == pytest.approx(6144 / 8192)
+    assert batch_curve_gbps(toy, "offload", 2048) == 10.0
+    assert batch_curve_gbps(toy, "offload", 16384) == pytest.approx(30.0)  # halfway in log2
+    assert batch_curve_gbps(toy, "offload", 1 << 30) == 50.0
+
+
+def test_estimates_per_path(toy):
+    page = estimate(toy, CopyRequest("ce-page", "offload", 65536, 100))
+    assert page.seconds == pytest.approx(100 * 2e-6 + 6553600 / 50e9)
+    assert page.host_seconds == pytest.approx(100e-6)
+    batch = estimate(toy, CopyRequest("ce-batch", "offload", 65536, 100))
+    assert batch.seconds == pytest.approx(6553600 / 50e9)
+    assert batch.host_seconds == pytest.approx(5e-6 + 50e-6)
+    kern = estimate(toy, CopyRequest("kernel", "offload", 65536, 100, ctas=4))
+    assert kern.rate_gbps == pytest.approx(40.0) and kern.ctas == 4 and kern.sms == 4
+    slow = estimate(toy, CopyRequest("kernel", "offload", 65536, 100, ctas=4, aligned=False))
+    assert slow.rate_gbps == pytest.approx(20.0)
+    both = estimate(toy, CopyRequest("ce-page", "onboard", 1 << 30, 1, bidirectional=True))
+    assert both.rate_gbps == pytest.approx(50.0)  # 100 * 0.5 < 80 plateau
+    with pytest.raises(ValueError, match="path must be"):
+        CopyRequest("dma", "offload", 1, 1)
+    with pytest.raises(ValueError, match="pages must be"):
+        CopyRequest("kernel", "offload", 1, 0)
+
+
+def test_every_preset_loads_and_every_number_names_its_source(tmp_path):
+    from kvsim.hardware.spec import preset_names
+
+    names = preset_names()
+    assert {"h100-pcie", "h200-sxm", "gh200", "gb200", "b200"} <= set(names)
+    for name in names:
+        hw = load_hardware(name)
+        assert hw.sources and all(s.strip() for s in hw.sources.values())
+    bad = tmp_path / "bad.json"
+    bad.write_text(TOY.read_text().replace('{"value": 0.5, "source": "test fixture: round numbers '
+                                           'for hand-checkable answers"}', "0.5", 1))
+    with pytest.raises(ConfigError, match="names no source"):
+        load_hardware(bad)
+    with pytest.raises(ConfigError, match="unknown hardware preset"):
+        load_hardware("h900")

@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the results object to stdout")
     run.add_argument("--quiet", action="store_true")
     run.set_defaults(func=_cmd_run)
+
+    from kvsim import cli_copy_model
+
+    cli_copy_model.add_parser(sub)
     return parser
 
 

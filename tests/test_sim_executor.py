@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.scenario.run import execute, load_scenario, run_scenario, load_scenario_file
+from kvsim.scenario.run import execute, load_scenario_file
 
 DATA = Path(__file__).parent / "data"
 
@@ -103,9 +103,9 @@ def test_reader_and_writer_preference_differ_for_probes_during_a_resize(tmp_path
 
 
 def test_a_binding_that_keeps_the_gil_while_a_callback_needs_it_is_reported_stuck(tmp_path):
-    from kvsim.scenario.schema import parse_scenario
-    from kvsim.manager import KVCacheManager
     from kvsim.hardware import load_hardware
+    from kvsim.manager import KVCacheManager
+    from kvsim.scenario.schema import parse_scenario
     from kvsim.sim.cpu_cost import load_cpu_model
     from kvsim.sim.executor import SimExecutor, SimOptions
     from kvsim.workloads.steps import Call, Sleep
@@ -144,8 +144,9 @@ def test_a_binding_that_keeps_the_gil_while_a_callback_needs_it_is_reported_stuc
 
 
 def test_sim_results_are_deterministic(tmp_path):
-    from kvsim.scenario.run import public
     import json
+
+    from kvsim.scenario.run import public
 
     one = json.dumps(public(execute(scenario(tmp_path, PROBE).base)), sort_keys=True)
     two = json.dumps(public(execute(scenario(tmp_path, PROBE).base)), sort_keys=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -122,10 +123,11 @@ def test_every_preset_loads_and_every_number_names_its_source(tmp_path):
     for name in names:
         hw = load_hardware(name)
         assert hw.sources and all(s.strip() for s in hw.sources.values())
+    data = json.loads(TOY.read_text())
+    data["link"]["bidirectional_factor"] = 0.5  # a bare number, no source
     bad = tmp_path / "bad.json"
-    bad.write_text(TOY.read_text().replace('{"value": 0.5, "source": "test fixture: round numbers '
-                                           'for hand-checkable answers"}', "0.5", 1))
-    with pytest.raises(ConfigError, match="names no source"):
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="link.bidirectional_factor: the number 0.5 names no source"):
         load_hardware(bad)
     with pytest.raises(ConfigError, match="unknown hardware preset"):
         load_hardware("h900")

@@ -1,5 +1,53 @@
+"""Write the hardware presets in kvsim/hardware/presets/ from their sources.
+
+Every number is written with its source. The h200-sxm preset, and the few figures other presets
+borrow from it, are fitted to the committed H200 measurement (kvsim.calibration.copy_fit).
+
+Usage: python tools/make_presets.py [MEASUREMENT.json]
+"""
+
 import json
+import statistics
+import sys
 from pathlib import Path
+
+from kvsim.calibration.copy_fit import FIT_RULES, fit, observations
+
+MEASUREMENT = sys.argv[1] if len(sys.argv) > 1 else "reports/measurements/h200/2026-12-02-copy-bench.json"
+MEAS = json.loads(Path(MEASUREMENT).read_text())
+FIT = fit(observations(MEAS))
+H200 = (f"{MEASUREMENT} (NVIDIA H200, driver {MEAS['provenance']['nvml_start']['driver_version']}, "
+        f"{MEAS['provenance']['date_utc'][:10]})")
+PD = FIT["per_direction"]
+
+
+def fitted(value, rule_key, digits=4):
+    return {"value": round(value, digits), "source": f"{H200}: {FIT_RULES[rule_key]}"}
+
+
+BORROWED = {  # figures PCIe and Hopper presets borrow from the H200 measurement
+    "H200_BIDIR": fitted(FIT["bidirectional_factor"], "link.bidirectional_factor"),
+    "H200_KERNEL_BIDIR": fitted(FIT["kernel_bidirectional_factor"], "kernel.bidirectional_factor"),
+    "H200_CALL_HOST": fitted(FIT["per_call_host_us"], "copy_engine.per_call_host_us"),
+    "H200_BATCH_HOST": fitted(FIT["batch_call_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
+    "H200_DESC_HOST": fitted(FIT["batch_descriptor_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
+    "H200_LAUNCH_HOST": fitted(FIT["launch_host_us"], "kernel.launch_host_us"),
+}
+C2C_KERNEL_BIDIR = {"value": 1.0, "source": "not measured on C2C: the link's bidirectional factor alone limits both directions"}
+
+
+def fill(node):
+    """Replace the H200_* placeholders; C2C presets keep no kernel-specific bidirectional loss."""
+    if isinstance(node, dict):
+        return {k: fill(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [fill(v) for v in node]
+    if isinstance(node, str) and node in BORROWED:
+        value = json.loads(json.dumps(BORROWED[node]))
+        for leaf in (value.values() if "source" not in value else [value]):
+            leaf["source"] += " (borrowed from the H200 measurement; no measurement of this GPU in the repo)"
+        return value
+    return node
 
 def S(v, s): return {"value": v, "source": s}
 
@@ -18,6 +66,15 @@ TILE = S(4096, TRT + ": kThreads 128 x kIlp 2 x 16 B per stage")
 THREADS = S(128, TRT + ": kThreads")
 REF_INFLIGHT = {"offload": S(32768, TRT + ": kOffloadInFlightBytes (the offload knee)"),
                 "onboard": S(65536, TRT + ": kOnboardInFlightBytes (the onboard knee)")}
+
+
+def latency(per_cta_gbps, why):
+    """Little's law: the round trip that gives per_cta_gbps at KVCM2's default depths."""
+    return {d: S(round(b / (per_cta_gbps * 1e9) * 1e6, 4), why + f"; latency = {b} B in flight / {per_cta_gbps} GB/s")
+            for d, b in (("offload", 32768), ("onboard", 65536))}
+
+
+NO_CTA_CAP = {"offload": None, "onboard": None}
 KNEE = {"offload": None, "onboard": S(2.2, TRT + ": onboard rolls off with a soft knee, p = 2.2; offload is linear then hard-clamps")}
 # H100 copy-engine small-copy behaviour (public figures), used for Hopper presets without our own measurement.
 H100_PER_COPY = S(3.75, NOTES + ": per-call cudaMemcpyAsync about 3.5-4 us for small copies on H100 (torchcomms #2195)")
@@ -27,7 +84,67 @@ H100_CURVE = [[S(4096, VLLM), S(4.0, VLLM)], [S(24576, VLLM), S(7.0, VLLM)],
 UNALIGNED_NOTE = "reports/measurements/h200: alignment-agnostic kernel vs fast kernel (H200), assumed elsewhere"
 
 def write(name, data):
-    Path(f"kvsim/hardware/presets/{name}.json").write_text(json.dumps(data, indent=1) + "\n")
+    if data["link"]["kind"] == "c2c":
+        data["kernel"]["bidirectional_factor"] = C2C_KERNEL_BIDIR
+    Path(f"kvsim/hardware/presets/{name}.json").write_text(json.dumps(fill(data), indent=1) + "\n")
+
+def h200_unaligned():
+    from kvsim.calibration.copy_fit import unaligned_efficiency
+    from kvsim.hardware.spec import load_hardware
+
+    # The fast-kernel rate the measured unaligned rate is divided by comes from the preset itself.
+    path = Path("kvsim/hardware/presets/h200-sxm.json")
+    eff = unaligned_efficiency(load_hardware(path), FIT["unaligned_fit_rows"])
+    data = json.loads(path.read_text())
+    data["kernel"]["unaligned_efficiency"] = {
+        d: fitted(eff[d], "kernel.unaligned_efficiency") for d in ("offload", "onboard")}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+MEAS_GEN = MEAS["provenance"]["nvml_start"]
+
+
+def fitted_d2d():
+    d2d = max(r["median_gbs"] for r in MEAS["records"] if r["section"] == "kernel_d2d_reference")
+    return {"value": round(d2d, 2), "source": f"{H200}: device-to-device paged kernel copy, max median over CTA counts"}
+write("h200-sxm", {
+  "name": "h200-sxm",
+  "description": "H200 SXM on an x86 host over PCIe Gen5 x16 (non-coherent), fitted to this repository's own H200 measurement. Kernel figures are for hw/copy_kernels.py's LDGSTS kernel.",
+  "gpu": "NVIDIA H200",
+  "link": {
+    "kind": "pcie", "coherent": False,
+    "detected_gbps": S(63.0, f"{H200}: NVML max PCIe link generation {MEAS_GEN['pcie_max_link_gen']} x width {MEAS_GEN['pcie_max_link_width']}; {NOTES}: Gen5 x16 = 63.0 GB/s per direction"),
+    "per_direction_gbps": {"offload": fitted(PD["offload"]["ce_plateau_gbps"], "link.per_direction_gbps, copy_engine.plateau_gbps"),
+                           "onboard": fitted(PD["onboard"]["ce_plateau_gbps"], "link.per_direction_gbps, copy_engine.plateau_gbps")},
+    "bidirectional_factor": fitted(FIT["bidirectional_factor"], "link.bidirectional_factor")},
+  "copy_engine": {
+    "count": S(3, f"{H200}: CUDA attribute 40 asyncEngineCount = 3"),
+    "plateau_gbps": {d: fitted(PD[d]["ce_plateau_gbps"], "link.per_direction_gbps, copy_engine.plateau_gbps") for d in ("offload", "onboard")},
+    "per_copy_device_us": fitted(statistics.mean(PD[d]["per_copy_device_us"] for d in ("offload", "onboard")), "copy_engine.per_copy_device_us"),
+    "per_call_host_us": fitted(FIT["per_call_host_us"], "copy_engine.per_call_host_us"),
+    "batch_call_host_us": fitted(FIT["batch_call_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
+    "batch_descriptor_host_us": fitted(FIT["batch_descriptor_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
+    "batch_curve": {d: [[fitted(pb, "copy_engine.batch_curve", 0), fitted(g, "copy_engine.batch_curve")] for pb, g in PD[d]["batch_curve"]]
+                    for d in ("offload", "onboard")}},
+  "kernel": {
+    "sm_count": S(132, f"{H200}: CUDA attribute 16 multiProcessorCount = 132"),
+    "threads_per_cta": S(128, "hw/copy_kernels.py: 128 threads per CTA"),
+    "tile_bytes": S(16, "hw/copy_kernels.py: 16-byte chunks are numbered across pages, so no page wastes a tile"),
+    "default_inflight_bytes": REF_INFLIGHT,
+    "latency_us": {d: fitted(PD[d]["latency_us"], "kernel.latency_us, per_cta_max_gbps, knee_p") for d in ("offload", "onboard")},
+    "per_cta_max_gbps": {d: (None if PD[d]["per_cta_max_gbps"] is None else fitted(PD[d]["per_cta_max_gbps"], "kernel.latency_us, per_cta_max_gbps, knee_p")) for d in ("offload", "onboard")},
+    "plateau_gbps": {d: fitted(PD[d]["kernel_plateau_gbps"], "kernel.plateau_gbps") for d in ("offload", "onboard")},
+    "knee_p": {d: (None if PD[d]["knee_p"] is None else fitted(PD[d]["knee_p"], "kernel.latency_us, per_cta_max_gbps, knee_p")) for d in ("offload", "onboard")},
+    "bidirectional_factor": fitted(FIT["kernel_bidirectional_factor"], "kernel.bidirectional_factor"),
+    "launch_host_us": fitted(FIT["launch_host_us"], "kernel.launch_host_us"),
+    "unaligned_efficiency": {"offload": S(1.0, "placeholder replaced below"), "onboard": S(1.0, "placeholder replaced below")}},
+  "grid_policy": GRID,
+  "device_copy_gbps": fitted_d2d()})
+h200_unaligned()
+
+H200_KERNEL = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text())["kernel"]
+BORROWED["H200_UNALIGNED"] = H200_KERNEL["unaligned_efficiency"]
+
 
 write("h100-pcie", {
   "name": "h100-pcie",
@@ -50,12 +167,12 @@ write("h100-pcie", {
     "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
   "kernel": {
     "sm_count": S(114, "NVIDIA H100 PCIe datasheet: 114 SMs"),
-    "threads_per_cta": THREADS, "tile_bytes": TILE, "reference_inflight_bytes": REF_INFLIGHT,
-    "per_cta_gbps": {"offload": S(13.5, TRT_PCIE + ": on PCIe a fixed 32 KiB in flight yields ~13.5 GB/s per CTA (B200 Gen5; assumed for H100)"),
-                     "onboard": S(13.5, TRT_PCIE + ": ~13.5 GB/s per CTA on PCIe (assumed for onboard)")},
+    "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
+    "latency_us": latency(13.5, TRT_PCIE + ": on PCIe a fixed 32 KiB in flight yields ~13.5 GB/s per CTA (B200 Gen5; assumed for H100 and for onboard)"), "per_cta_max_gbps": NO_CTA_CAP,
     "plateau_gbps": {"offload": S(round(8.56 * GIB, 2), TRT_PCIE + ": H100 PCIe kernel offload 8.56 GiB/s (Hopper SM->host store cap)"),
                      "onboard": S(round(23.89 * GIB, 2), TRT_PCIE + ": H100 PCIe kernel onboard 23.89 GiB/s")},
     "knee_p": KNEE,
+    "bidirectional_factor": "H200_KERNEL_BIDIR",
     "launch_host_us": "H200_LAUNCH_HOST",
     "unaligned_efficiency": "H200_UNALIGNED"},
   "grid_policy": GRID,
@@ -82,12 +199,12 @@ write("gh200", {
     "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
   "kernel": {
     "sm_count": S(132, "NVIDIA GH200 datasheet: H100 GPU with 132 SMs"),
-    "threads_per_cta": THREADS, "tile_bytes": TILE, "reference_inflight_bytes": REF_INFLIGHT,
-    "per_cta_gbps": {"offload": S(43.0, TRT + ": kPerCtaGBs, profiled on GH200 at 1 MiB pages; directions differ in curve shape, not per-CTA throughput"),
-                     "onboard": S(43.0, TRT + ": kPerCtaGBs (same per-CTA throughput both directions)")},
+    "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
+    "latency_us": latency(43.0, TRT + ": kPerCtaGBs 43, profiled on GH200 at 1 MiB pages; directions differ in curve shape, not per-CTA throughput"), "per_cta_max_gbps": NO_CTA_CAP,
     "plateau_gbps": {"offload": S(355.0, TRT + ": GH200 peaks at 355 GB/s writing host memory"),
                      "onboard": S(351.0, TRT + ": GH200 peaks at 351 GB/s reading host memory")},
     "knee_p": KNEE,
+    "bidirectional_factor": "H200_KERNEL_BIDIR",
     "launch_host_us": "H200_LAUNCH_HOST",
     "unaligned_efficiency": "H200_UNALIGNED"},
   "grid_policy": GRID,
@@ -114,12 +231,12 @@ write("gb200", {
     "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
   "kernel": {
     "sm_count": S(148, "NVIDIA B200 datasheet: 148 SMs"),
-    "threads_per_cta": THREADS, "tile_bytes": TILE, "reference_inflight_bytes": REF_INFLIGHT,
-    "per_cta_gbps": {"offload": S(43.0, TRT + ": kPerCtaGBs (tuned on GH200, GB200 and B200; platform-independent knees)"),
-                     "onboard": S(43.0, TRT + ": kPerCtaGBs")},
+    "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
+    "latency_us": latency(43.0, TRT + ": kPerCtaGBs 43 (tuned on GH200, GB200 and B200; platform-independent knees)"), "per_cta_max_gbps": NO_CTA_CAP,
     "plateau_gbps": {"offload": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link, below kHostSustainedGBs"),
                      "onboard": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link, below kHostSustainedGBs")},
     "knee_p": KNEE,
+    "bidirectional_factor": "H200_KERNEL_BIDIR",
     "launch_host_us": "H200_LAUNCH_HOST",
     "unaligned_efficiency": "H200_UNALIGNED"},
   "grid_policy": GRID,
@@ -146,12 +263,12 @@ write("b200", {
     "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
   "kernel": {
     "sm_count": S(148, "NVIDIA B200 datasheet: 148 SMs"),
-    "threads_per_cta": THREADS, "tile_bytes": TILE, "reference_inflight_bytes": REF_INFLIGHT,
-    "per_cta_gbps": {"offload": S(13.5, TRT_PCIE + ": on Blackwell PCIe a fixed 32 KiB in flight yields ~13.5 GB/s per CTA"),
-                     "onboard": S(13.5, TRT_PCIE + ": ~13.5 GB/s per CTA (assumed for onboard)")},
+    "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
+    "latency_us": latency(13.5, TRT_PCIE + ": on Blackwell PCIe a fixed 32 KiB in flight yields ~13.5 GB/s per CTA (assumed for onboard)"), "per_cta_max_gbps": NO_CTA_CAP,
     "plateau_gbps": {"offload": S(round(25.13 * GIB, 2), TRT_PCIE + ": B200 PCIe kernel offload 25.13 GiB/s at the policy grid"),
                      "onboard": S(round(39.99 * GIB, 2), TRT_PCIE + ": B200 PCIe kernel onboard 39.99 GiB/s at the policy grid")},
     "knee_p": KNEE,
+    "bidirectional_factor": "H200_KERNEL_BIDIR",
     "launch_host_us": "H200_LAUNCH_HOST",
     "unaligned_efficiency": "H200_UNALIGNED"},
   "grid_policy": GRID,

@@ -63,19 +63,25 @@ class CopyEngineSpec:
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """The LDGSTS (cp.async) paged copy kernel: Little's law per CTA up to a plateau."""
+    """The LDGSTS (cp.async) paged copy kernel: Little's law per CTA up to a plateau.
+
+    One CTA with ``b`` bytes in flight moves ``lambda(b) = b / (latency + b / per_cta_max)``
+    (a round trip of ``latency`` per window of ``b`` bytes, and at most ``per_cta_max`` however
+    deep the window; None = no such limit). N CTAs approach the plateau ``Xmax`` as
+    ``min(N*lambda, Xmax)`` (``knee_p`` None) or ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)``.
+    """
 
     sm_count: int
     threads_per_cta: int
-    tile_bytes: int  # bytes one CTA moves per pipeline stage (threads x ILP x 16)
-    reference_inflight_bytes: PerDirection  # in-flight bytes per CTA at which per_cta_gbps holds
-    per_cta_gbps: PerDirection  # lambda = bytes in flight / latency, at the reference depth
+    tile_bytes: int  # bytes one CTA moves per tile; pages are packed into or split across tiles
+    default_inflight_bytes: PerDirection  # bytes in flight per CTA when a run does not say
+    latency_us: PerDirection
+    per_cta_max_gbps: dict[str, float | None]
     plateau_gbps: PerDirection  # Xmax
-    # Shape of the approach to the plateau: None = linear then hard clamp,
-    # p = soft knee X = Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p).
     knee_p: dict[str, float | None]
+    bidirectional_factor: float  # fraction of each direction's plateau kept while both run
     launch_host_us: float
-    unaligned_efficiency: float  # alignment-agnostic kernel throughput / fast kernel
+    unaligned_efficiency: PerDirection  # alignment-agnostic kernel throughput / fast kernel
 
 
 @dataclass(frozen=True)
@@ -175,15 +181,19 @@ def _build(data: dict, sources: dict[str, str], filename: str) -> HardwareSpec:
             sm_count=int(need(k, "sm_count", "kernel")),
             threads_per_cta=int(need(k, "threads_per_cta", "kernel")),
             tile_bytes=int(need(k, "tile_bytes", "kernel")),
-            reference_inflight_bytes=_per_direction(need(k, "reference_inflight_bytes", "kernel"),
-                                                    f"{filename}: kernel.reference_inflight_bytes"),
-            per_cta_gbps=_per_direction(need(k, "per_cta_gbps", "kernel"),
-                                        f"{filename}: kernel.per_cta_gbps"),
+            default_inflight_bytes=_per_direction(need(k, "default_inflight_bytes", "kernel"),
+                                                  f"{filename}: kernel.default_inflight_bytes"),
+            latency_us=_per_direction(need(k, "latency_us", "kernel"),
+                                      f"{filename}: kernel.latency_us"),
+            per_cta_max_gbps={d: need(need(k, "per_cta_max_gbps", "kernel"), d,
+                                      "kernel.per_cta_max_gbps") for d in DIRECTIONS},
             plateau_gbps=_per_direction(need(k, "plateau_gbps", "kernel"),
                                         f"{filename}: kernel.plateau_gbps"),
             knee_p={d: need(need(k, "knee_p", "kernel"), d, "kernel.knee_p") for d in DIRECTIONS},
+            bidirectional_factor=float(need(k, "bidirectional_factor", "kernel")),
             launch_host_us=float(need(k, "launch_host_us", "kernel")),
-            unaligned_efficiency=float(need(k, "unaligned_efficiency", "kernel")),
+            unaligned_efficiency=_per_direction(need(k, "unaligned_efficiency", "kernel"),
+                                                f"{filename}: kernel.unaligned_efficiency"),
         ),
         grid_policy=GridPolicy(
             per_cta_gbps=float(need(gp, "per_cta_gbps", "grid_policy")),

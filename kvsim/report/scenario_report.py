@@ -92,7 +92,11 @@ def _timeline_figure(results: dict, path: Path) -> None:
     ax_link.set_title("Link utilisation")
     ax_link.legend(loc="upper right", fontsize=8)
     ax_link.grid(alpha=0.3)
-    ax_link.set_xlim(ax.get_xlim())
+    ends = [c["start_ms"] + c["latency_ms"] for c in results["calls"] if c.get("latency_ms") is not None]
+    ends += [s[1] * 1e3 for s in segs]
+    xmax = max(ends, default=1.0) * 1.02
+    ax.set_xlim(0, xmax)
+    ax_link.set_xlim(0, xmax)
     save(fig, path)
 
 

@@ -209,8 +209,12 @@ def _execute_sim(scenario: Scenario) -> dict:
     return out
 
 
+def _ms(t: float | None) -> float | None:
+    return None if t is None else t * 1e3
+
+
 def _sim_record(c) -> dict:
-    ms = (lambda t: None if t is None else t * 1e3)
+    ms = _ms
     return {
         "index": c.index, "thread": c.thread, "phase": c.phase, "api": c.api, "args": c.args,
         "ok": c.ok, "result": c.result if isinstance(c.result, bool) else None,

@@ -11,12 +11,13 @@ bidirectional factor when the other direction is busy):
 * ``ce-batch`` -- one ``cudaMemcpyBatchAsync``: ``t = B / min(batch_curve(page_bytes), ce_plateau,
   link)``, the curve holding the small-copy cliff; host: ``batch_call_host_us +
   pages * batch_descriptor_host_us``.
-* ``kernel``   -- the LDGSTS kernel on N CTAs: ``lambda = per_cta * min(inflight, knee) / knee``
-  (Little's law: in flight / latency, saturating at the reference depth), ``X(N) = min(N*lambda,
-  Xmax)`` (offload; hard clamp) or ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)`` (soft knee),
-  times the tiling efficiency of the page size, times ``unaligned_efficiency`` for the
-  alignment-agnostic kernel; ``t = B / min(X, link)``; host: ``launch_host_us``.
-  N defaults to KVCM2's grid policy (``grid_ctas``).
+* ``kernel``   -- the LDGSTS kernel on N CTAs with b bytes in flight each: Little's law per CTA,
+  ``lambda = b / (latency + b / per_cta_max)``; ``X(N) = min(N*lambda, Xmax)`` (hard clamp) or
+  ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)`` (soft knee); times the tiling efficiency of
+  the page size, times ``unaligned_efficiency`` for the alignment-agnostic kernel, times the
+  kernel's ``bidirectional_factor`` while the other direction runs too; ``t = B / min(X, link)``;
+  host: ``launch_host_us``. N defaults to KVCM2's grid policy (``grid_ctas``), b to the preset's
+  default depth.
 """
 
 from __future__ import annotations
@@ -91,18 +92,25 @@ def grid_ctas(hw: HardwareSpec, direction: str) -> int:
 
 
 def kernel_inflight(hw: HardwareSpec, direction: str, inflight_bytes: int | None) -> int:
-    return int(inflight_bytes or hw.kernel.reference_inflight_bytes[direction])
+    return int(inflight_bytes or hw.kernel.default_inflight_bytes[direction])
+
+
+def per_cta_gbps(hw: HardwareSpec, direction: str, inflight_bytes: int | None = None) -> float:
+    """Little's law for one CTA: bytes in flight over the time one window takes."""
+    b = kernel_inflight(hw, direction, inflight_bytes)
+    seconds = hw.kernel.latency_us[direction] * 1e-6
+    cap = hw.kernel.per_cta_max_gbps[direction]
+    if cap:
+        seconds += b / (cap * GB)
+    return b / seconds / GB
 
 
 def kernel_rate_gbps(hw: HardwareSpec, direction: str, ctas: int,
                      inflight_bytes: int | None = None) -> float:
-    """X(N) of the kernel for full tiles (no page-size or alignment losses)."""
-    k = hw.kernel
-    knee = k.reference_inflight_bytes[direction]
-    per_cta = k.per_cta_gbps[direction] * min(kernel_inflight(hw, direction, inflight_bytes), knee) / knee
-    xmax = k.plateau_gbps[direction]
-    demand = ctas * per_cta
-    p = k.knee_p[direction]
+    """X(N) of the kernel for full tiles (no page-size, alignment or bidirectional losses)."""
+    xmax = hw.kernel.plateau_gbps[direction]
+    demand = ctas * per_cta_gbps(hw, direction, inflight_bytes)
+    p = hw.kernel.knee_p[direction]
     if p is None:
         return min(demand, xmax)
     return xmax * (1.0 - math.exp(-((demand / xmax) ** p))) ** (1.0 / p)
@@ -139,11 +147,13 @@ def link_gbps(hw: HardwareSpec, direction: str, bidirectional: bool) -> float:
 
 @dataclass(frozen=True)
 class DeviceWork:
-    """What a batch asks of the device: a fixed delay, then bytes at up to ``cap_gbps``."""
+    """What a batch asks of the device: a fixed delay, then bytes at up to ``cap_gbps``
+    (``cap_both_gbps`` while the other direction is busy too)."""
 
     fixed_seconds: float
     num_bytes: int
     cap_gbps: float
+    cap_both_gbps: float
     ctas: int | None
     sms: int
 
@@ -154,16 +164,17 @@ def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
     ce = hw.copy_engine
     if req.path == "ce-page":
         cap = ce.plateau_gbps[req.direction]
-        return DeviceWork(req.pages * ce.per_copy_device_us * 1e-6, n_bytes, cap, None, 0)
+        return DeviceWork(req.pages * ce.per_copy_device_us * 1e-6, n_bytes, cap, cap, None, 0)
     if req.path == "ce-batch":
         cap = min(batch_curve_gbps(hw, req.direction, req.page_bytes), ce.plateau_gbps[req.direction])
-        return DeviceWork(0.0, n_bytes, cap, None, 0)
+        return DeviceWork(0.0, n_bytes, cap, cap, None, 0)
     ctas = req.ctas or grid_ctas(hw, req.direction)
     cap = kernel_rate_gbps(hw, req.direction, ctas, req.inflight_bytes)
     cap *= tiling_efficiency(hw, req.page_bytes)
     if not req.aligned:
-        cap *= hw.kernel.unaligned_efficiency
-    return DeviceWork(0.0, n_bytes, cap, ctas, min(ctas, hw.kernel.sm_count))
+        cap *= hw.kernel.unaligned_efficiency[req.direction]
+    cap_both = min(cap, hw.kernel.plateau_gbps[req.direction] * hw.kernel.bidirectional_factor)
+    return DeviceWork(0.0, n_bytes, cap, cap_both, ctas, min(ctas, hw.kernel.sm_count))
 
 
 def host_seconds(hw: HardwareSpec, req: CopyRequest) -> float:
@@ -178,7 +189,8 @@ def host_seconds(hw: HardwareSpec, req: CopyRequest) -> float:
 def estimate(hw: HardwareSpec, req: CopyRequest) -> CopyEstimate:
     """One batch alone on the link (or against a busy opposite direction)."""
     work = device_work(hw, req)
-    rate = min(work.cap_gbps, link_gbps(hw, req.direction, req.bidirectional))
+    cap = work.cap_both_gbps if req.bidirectional else work.cap_gbps
+    rate = min(cap, link_gbps(hw, req.direction, req.bidirectional))
     seconds = work.fixed_seconds + work.num_bytes / (rate * GB)
     return CopyEstimate(
         path=req.path,

@@ -28,9 +28,9 @@ import simpy
 
 from kvsim.errors import KvsimError
 from kvsim.hardware.spec import HardwareSpec
+from kvsim.manager.invariants import find_violations
 from kvsim.manager.locking import API_LOCK_MODES, LockMode
 from kvsim.manager.manager import KVCacheManager, ProbeResult
-from kvsim.manager.invariants import find_violations
 from kvsim.manager.plan import WorkCounts
 from kvsim.sim.copy_paths import PATHS, CopyRequest, host_seconds
 from kvsim.sim.cpu_cost import CpuCostModel

@@ -29,6 +29,7 @@ class Transfer:
     direction: str
     remaining: float  # bytes
     cap: float  # bytes/s
+    cap_both: float  # bytes/s while the other direction is busy too
     done: simpy.Event
     tag: str
     rate: float = 0.0
@@ -75,14 +76,17 @@ class Link:
         self._generation = 0
         self._next_id = 0
 
-    def transfer(self, num_bytes: int, direction: str, cap_gbps: float, tag: str = "") -> simpy.Event:
-        """Move ``num_bytes`` in ``direction`` at up to ``cap_gbps``; the event fires when done."""
+    def transfer(self, num_bytes: int, direction: str, cap_gbps: float, tag: str = "",
+                 cap_both_gbps: float | None = None) -> simpy.Event:
+        """Move ``num_bytes`` in ``direction`` at up to ``cap_gbps`` (``cap_both_gbps`` while the
+        other direction is busy); the event fires when done."""
         done = self.env.event()
         if num_bytes <= 0:
             return done.succeed()
         self._advance()
+        both = cap_gbps if cap_both_gbps is None else cap_both_gbps
         self.active.append(Transfer(self._next_id, direction, float(num_bytes), cap_gbps * GB,
-                                    done, tag, started=self.env.now))
+                                    both * GB, done, tag, started=self.env.now))
         self._next_id += 1
         self.stats.bytes[direction] += num_bytes
         self.stats.transfers[direction] += 1
@@ -114,7 +118,8 @@ class Link:
             if not group:
                 continue
             capacity = self.solo_bps[d] * (self.bidirectional_factor if both else 1.0)
-            for t, rate in zip(group, max_min_share(capacity, [t.cap for t in group])):
+            caps = [t.cap_both if both else t.cap for t in group]
+            for t, rate in zip(group, max_min_share(capacity, caps)):
                 t.rate = rate
         self._generation += 1
         if self.active:

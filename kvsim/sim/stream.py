@@ -81,6 +81,7 @@ class CopyStream:
                 if work.fixed_seconds:
                     yield self.env.timeout(work.fixed_seconds)
                 yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps,
-                                         tag=f"{record.thread}:{record.api}")
+                                         tag=f"{record.thread}:{record.api}",
+                                         cap_both_gbps=work.cap_both_gbps)
             record.finished = self.env.now
             done.succeed()

@@ -61,10 +61,38 @@ def add_parser(sub) -> None:
     p.add_argument("--batch", metavar="FILE.jsonl",
                    help="one request per line (same field names); one JSON result per line")
     p.add_argument("--json", action="store_true", help="print JSON (always on with --batch)")
+    p.add_argument("--compare", metavar="MEASUREMENT.json",
+                   help="compare the preset with a copy-bench measurement (hw/bench_copy.py)")
+    p.add_argument("--out", help="with --compare: report directory")
     p.set_defaults(func=run)
 
 
+def _run_compare(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvsim.calibration.copy_fit import compare, observations
+    from kvsim.report.copy_compare import write_comparison
+
+    if not args.hardware:
+        print("kvsim copy-model --compare needs --hardware", file=sys.stderr)
+        return 2
+    try:
+        hw = load_hardware(args.hardware)
+        measurement = json.loads(Path(args.compare).read_text())
+        rows = compare(hw, observations(measurement))
+    except (KvsimError, OSError, ValueError, KeyError) as e:
+        print(f"kvsim copy-model: {args.compare}: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"reports/copy-model-{hw.name}")
+    stats = write_comparison(hw, rows, args.compare, out)
+    print(json.dumps({"hardware": hw.name, "report": str(out / "README.md"), **stats},
+                     sort_keys=True))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        return _run_compare(args)
     if args.batch:
         return _run_batch(args.batch)
     if not args.hardware or args.page_bytes is None or args.pages is None:

@@ -7,7 +7,6 @@ Usage: python tools/make_presets.py [MEASUREMENT.json]
 """
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -77,7 +76,7 @@ def latency(per_cta_gbps, why):
 NO_CTA_CAP = {"offload": None, "onboard": None}
 KNEE = {"offload": None, "onboard": S(2.2, TRT + ": onboard rolls off with a soft knee, p = 2.2; offload is linear then hard-clamps")}
 # H100 copy-engine small-copy behaviour (public figures), used for Hopper presets without our own measurement.
-H100_PER_COPY = S(3.75, NOTES + ": per-call cudaMemcpyAsync about 3.5-4 us for small copies on H100 (torchcomms #2195)")
+H100_PER_COPY = {d: S(3.75, NOTES + ": per-call cudaMemcpyAsync about 3.5-4 us for small copies on H100 (torchcomms #2195)") for d in ("offload", "onboard")}
 VLLM = NOTES + ": vLLM PR #42212, cuMemcpyBatchAsync on H100: 4-7 GB/s for 4-24 KiB pages, 40-52 GB/s from 28 KiB"
 H100_CURVE = [[S(4096, VLLM), S(4.0, VLLM)], [S(24576, VLLM), S(7.0, VLLM)],
               [S(28672, VLLM), S(40.0, VLLM)], [S(1048576, VLLM), S(52.0, VLLM)]]
@@ -120,7 +119,7 @@ write("h200-sxm", {
   "copy_engine": {
     "count": S(3, f"{H200}: CUDA attribute 40 asyncEngineCount = 3"),
     "plateau_gbps": {d: fitted(PD[d]["ce_plateau_gbps"], "link.per_direction_gbps, copy_engine.plateau_gbps") for d in ("offload", "onboard")},
-    "per_copy_device_us": fitted(statistics.mean(PD[d]["per_copy_device_us"] for d in ("offload", "onboard")), "copy_engine.per_copy_device_us"),
+    "per_copy_device_us": {d: fitted(PD[d]["per_copy_device_us"], "copy_engine.per_copy_device_us") for d in ("offload", "onboard")},
     "per_call_host_us": fitted(FIT["per_call_host_us"], "copy_engine.per_call_host_us"),
     "batch_call_host_us": fitted(FIT["batch_call_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
     "batch_descriptor_host_us": fitted(FIT["batch_descriptor_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),

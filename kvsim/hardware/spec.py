@@ -52,7 +52,7 @@ class CopyEngineSpec:
 
     count: int  # asyncEngineCount
     plateau_gbps: PerDirection  # large contiguous copies
-    per_copy_device_us: float  # fixed device time of one cudaMemcpyAsync
+    per_copy_device_us: PerDirection  # fixed device time of one cudaMemcpyAsync
     per_call_host_us: float  # host time to issue one cudaMemcpyAsync
     batch_call_host_us: float  # host time of one cudaMemcpyBatchAsync call ...
     batch_descriptor_host_us: float  # ... plus this per descriptor
@@ -171,7 +171,8 @@ def _build(data: dict, sources: dict[str, str], filename: str) -> HardwareSpec:
             count=int(need(ce, "count", "copy_engine")),
             plateau_gbps=_per_direction(need(ce, "plateau_gbps", "copy_engine"),
                                         f"{filename}: copy_engine.plateau_gbps"),
-            per_copy_device_us=float(need(ce, "per_copy_device_us", "copy_engine")),
+            per_copy_device_us=_per_direction(need(ce, "per_copy_device_us", "copy_engine"),
+                                              f"{filename}: copy_engine.per_copy_device_us"),
             per_call_host_us=float(need(ce, "per_call_host_us", "copy_engine")),
             batch_call_host_us=float(need(ce, "batch_call_host_us", "copy_engine")),
             batch_descriptor_host_us=float(need(ce, "batch_descriptor_host_us", "copy_engine")),

@@ -164,7 +164,8 @@ def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
     ce = hw.copy_engine
     if req.path == "ce-page":
         cap = ce.plateau_gbps[req.direction]
-        return DeviceWork(req.pages * ce.per_copy_device_us * 1e-6, n_bytes, cap, cap, None, 0)
+        fixed = req.pages * ce.per_copy_device_us[req.direction] * 1e-6
+        return DeviceWork(fixed, n_bytes, cap, cap, None, 0)
     if req.path == "ce-batch":
         cap = min(batch_curve_gbps(hw, req.direction, req.page_bytes), ce.plateau_gbps[req.direction])
         return DeviceWork(0.0, n_bytes, cap, cap, None, 0)

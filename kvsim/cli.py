@@ -9,8 +9,17 @@ from collections.abc import Sequence
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.name == "sim-scenarios":
+        from pathlib import Path
+
+        from kvsim.bench import sim_scenarios
+
+        print(json.dumps(sim_scenarios.run(Path(args.root), runs=args.runs if args.runs != 10 else 3),
+                         sort_keys=True, indent=None if args.json else 1))
+        return 0
     if args.name != "burst-resize":
-        raise SystemExit(f"kvsim bench: unknown benchmark {args.name!r} (known: burst-resize)")
+        raise SystemExit(f"kvsim bench: unknown benchmark {args.name!r} "
+                         "(known: burst-resize, sim-scenarios)")
     from kvsim.bench import burst_resize
 
     progress = None if args.quiet or args.json else (lambda m: print(m, file=sys.stderr))
@@ -35,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="speed benchmarks (figures for notes, not tests)")
-    bench.add_argument("name", help="benchmark name: burst-resize")
+    bench.add_argument("name", help="benchmark name: burst-resize, sim-scenarios")
+    bench.add_argument("--root", default=".", help="repository root (for sim-scenarios)")
     bench.add_argument("--runs", type=int, default=10)
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--quiet", action="store_true")

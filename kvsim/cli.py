@@ -61,8 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
 
     from kvsim import cli_copy_model
+    from kvsim.scenario import explore
 
     cli_copy_model.add_parser(sub)
+    explore.add_parser(sub)
     return parser
 
 

@@ -79,6 +79,9 @@ class ManagerConfig:
     stats_commit: StatsCommit = "per_batch"
     reuse_scopes: tuple[Hashable, ...] = (0,)
     default_priority: int = 35
+    # The bug the seed fixed: probe_reuse drained the root-erase queue, mutating shared state
+    # under a shared lock. True reproduces it (for the concurrency scenarios); never the default.
+    probe_drains_root_erasures: bool = False
 
     def __post_init__(self) -> None:
         _require_int("tokens_per_block", self.tokens_per_block, 1)
@@ -103,7 +106,7 @@ class ManagerConfig:
         _require_int("default_priority", self.default_priority, 0)
         if self.default_priority > 100:
             raise ConfigError(f"default_priority must be <= 100, got {self.default_priority}")
-        for flag in ("partial_reuse", "enable_stats"):
+        for flag in ("partial_reuse", "enable_stats", "probe_drains_root_erasures"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
 

@@ -46,3 +46,27 @@ def state_of(mgr: KVCacheManager) -> dict:
 def fingerprint(mgr: KVCacheManager) -> str:
     """SHA-256 of :func:`state_of`; equal fingerprints mean byte-identical state."""
     return hashlib.sha256(pickle.dumps(state_of(mgr), protocol=4)).hexdigest()
+
+
+def state_digest(mgr: KVCacheManager) -> dict[str, object]:
+    """A cheap digest of the shared state, one entry per component, for the lock-discipline
+    checker (run around every call that does not hold the lock exclusively).
+
+    Not byte-exact like :func:`fingerprint` (array sums can miss a swap), but any creation,
+    deletion, move or refcount change of a page, slot, node, root or queued erasure shows.
+    """
+    p = mgr.storage.pages
+    tree = mgr.tree
+    return {
+        "page table": (p.num_live, int(p.holders.sum()), int(p.lockers.sum()), int(p.node.sum()),
+                       int(p.level.sum()), int(p.slot.sum()), int(p.last_used.sum()),
+                       int(p.planned_drops.sum())),
+        "slot allocators": tuple((a.num_free, int(a.slot_to_page.sum()))
+                                 for row in mgr.storage.allocators for a in row),
+        "radix tree roots": tuple(sorted(map(repr, tree.roots))),
+        "radix tree nodes": (len(tree.nodes), tree._next_node_id),
+        "root-erase queue": tuple(map(repr, tree.pending_root_erasures)),
+        "living caches": tuple(sorted((repr(k), c.status.value) for k, c in mgr._caches.items())),
+        "statistics": (None if mgr.stats.peaks is None else mgr.stats.peaks.tobytes(),
+                       tuple(int(v.sum()) for v in mgr.stats.iteration.values())),
+    }

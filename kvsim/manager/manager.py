@@ -140,9 +140,12 @@ class KVCacheManager:
         return list(self._caches.values())
 
     def probe(self, tokens: object, reuse_scope: Hashable = 0) -> ProbeResult:
-        """How many of ``tokens`` a new cache would reuse; read-only (never mutates anything)."""
+        """How many of ``tokens`` a new cache would reuse; read-only (never mutates anything),
+        unless ``probe_drains_root_erasures`` reproduces the pre-fix bug."""
         scope = self._require_scope(reuse_scope)
         toks = as_tokens(tokens)
+        if self.config.probe_drains_root_erasures:
+            self.tree.drain_root_erasures()  # the old matchTokenPath(): a mutation under a shared lock
         match = self._match(scope, toks)
         visited = len(match.nodes) + (1 if match.partial is not None else 0)
         return ProbeResult(match.num_tokens, visited, match.blocks_hashed)

@@ -139,7 +139,8 @@ def _execute_plan(scenario: Scenario) -> dict:
             "error": error,
         })
         for problem in find_violations(manager):
-            violations.append({"index": len(records) - 1, "api": call.api, "problem": problem})
+            violations.append({"kind": "invariant", "index": len(records) - 1, "api": call.api,
+                               "problem": problem})
 
     for call in workload.setup:
         run(call, "setup")
@@ -156,6 +157,7 @@ def _execute_plan(scenario: Scenario) -> dict:
     return _common(scenario, manager, records, violations) | {
         "api": per_api,
         "lock": {"modelled": False, "note": "the plan executor models no time and no lock"},
+        "starvation": None,
         "deadlocks": [],
     }
 
@@ -181,18 +183,27 @@ def _execute_sim(scenario: Scenario) -> dict:
     options = SimOptions(lock_policy=s.lock_policy, copy_path=s.copy_path,
                          kernel_ctas=s.kernel_ctas, kernel_inflight_bytes=s.kernel_inflight_bytes,
                          aligned=s.aligned, wait_for_copies=s.wait_for_copies,
-                         gil_release=dict(s.gil_release), check_invariants=s.check_invariants)
+                         gil_release=dict(s.gil_release), check_invariants=s.check_invariants,
+                         check_lock_discipline=s.check_lock_discipline,
+                         schedule_seed=s.schedule_seed, jitter=s.jitter)
     executor = SimExecutor(manager, hardware, cpu, options)
     wall0 = time.perf_counter()
     run = executor.run(workload.make_threads())
     wall = time.perf_counter() - wall0
     records = [_sim_record(c) for c in run.calls]
-    deadlocks = [{"kind": "stuck", "threads": [vars(t) for t in run.stuck]}] if run.stuck else []
+    deadlocks = [{"kind": "deadlock", "time": d.time, "cycle": [vars(t) for t in d.cycle]}
+                 for d in run.deadlocks]
+    cycle_threads = {t.thread for d in run.deadlocks for t in d.cycle}
+    stuck = [vars(t) for t in run.stuck if t.thread not in cycle_threads]
+    if stuck:
+        deadlocks.append({"kind": "stuck", "threads": stuck})
     deadlocks += [{"kind": h.kind, "thread": h.thread, "api": h.api, "time": h.time}
                   for h in run.lock.hazards]
+    lock = metrics.lock_summary(run)
     out = _common(scenario, manager, records, run.violations) | {
         "api": metrics.per_api(run.calls),
-        "lock": metrics.lock_summary(run),
+        "lock": lock,
+        "starvation": lock["starvation"],
         "deadlocks": deadlocks,
         "link": metrics.link_summary(run),
         "copies": metrics.copies_summary(run),
@@ -271,6 +282,7 @@ def variant_summary(results: dict, variant: Variant | None) -> dict:
         "offloaded_bytes": results["offload"]["growth_bytes"],
         "violations": len(results["violations"]),
         "deadlocks": len(results["deadlocks"]),
+        "starved": bool((results.get("starvation") or {}).get("starved")),
     }
     latencies = [r["latency_ms"] for r in growth if r.get("latency_ms") is not None]
     if latencies:

@@ -21,6 +21,9 @@ Schema (``*`` = required)::
       wait_for_copies: bool         # false (KVCM2): calls return after submitting copies
       gil_release: {API: bool}      # per API: does its binding release the GIL before the lock
       check_invariants: bool        # after every exclusive call (default true)
+      check_lock_discipline: bool   # flag mutations made without the lock held exclusively
+      schedule_seed: int            # interleaving exploration: perturb delays and event order
+      jitter: float in [0, 1)       # relative perturbation of each modelled delay (default 0.1)
     manager*:
       tokens_per_block: int >= 1    # default 32
       layers*: list of
@@ -36,6 +39,8 @@ Schema (``*`` = required)::
       enable_stats: bool
       stats_commit: per_batch | per_page
       default_priority: int in [0, 100]
+      reuse_scopes: [scope, ...]    # declared reuse scopes (default [0])
+      probe_drains_root_erasures: bool   # the pre-fix bug (probe mutates under a shared lock)
     workload*:
       kind*: burst_resize | concurrent_probe
       # burst_resize (also the `background:` mapping of concurrent_probe):
@@ -169,6 +174,9 @@ class SimSettings:
     wait_for_copies: bool = False
     gil_release: tuple[tuple[str, bool], ...] = ()
     check_invariants: bool = True
+    check_lock_discipline: bool = True
+    schedule_seed: int | None = None
+    jitter: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -222,6 +230,8 @@ def _manager(f: Fields) -> ManagerConfig:
         enable_stats=f.bool("enable_stats", True),
         stats_commit=f.str("stats_commit", "per_batch", ("per_batch", "per_page")),
         default_priority=f.int("default_priority", 35, maximum=100),
+        reuse_scopes=_scopes(f),
+        probe_drains_root_erasures=f.bool("probe_drains_root_erasures", False),
     )
     try:
         config = ManagerConfig(layers=tuple(layers), levels=tuple(levels), **options)
@@ -233,6 +243,15 @@ def _manager(f: Fields) -> ManagerConfig:
             raise f.error("levels", f"the GPU level's quota holds no page of pool group {g} "
                           f"({layout.pool_groups[g].page_bytes} bytes per page)")
     return config
+
+
+def _scopes(f: Fields) -> tuple:
+    raw = f.raw("reuse_scopes", [0])
+    if not isinstance(raw, list) or not raw or not all(isinstance(x, (int, str)) for x in raw):
+        raise f.error("reuse_scopes", "must be a non-empty list of integers or strings")
+    if len(set(raw)) != len(raw):
+        raise f.error("reuse_scopes", f"scopes must be unique, got {raw}")
+    return tuple(raw)
 
 
 def _burst(f: Fields) -> BurstResizeWorkload:
@@ -293,6 +312,9 @@ def _sim(f: Fields) -> SimSettings:
         wait_for_copies=f.bool("wait_for_copies", False),
         gil_release=tuple(sorted(gil.items())),
         check_invariants=f.bool("check_invariants", True),
+        check_lock_discipline=f.bool("check_lock_discipline", True),
+        schedule_seed=None if f.raw("schedule_seed", None) is None else f.int("schedule_seed"),
+        jitter=f.float("jitter", 0.1, 0.0, 0.99),
     )
 
 
@@ -341,7 +363,8 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
         executor=executor,
         manager=_manager(top.sub("manager", {
             "tokens_per_block", "layers", "levels", "max_util_for_resume", "partial_reuse",
-            "enable_stats", "stats_commit", "default_priority"})),
+            "enable_stats", "stats_commit", "default_priority", "reuse_scopes",
+            "probe_drains_root_erasures"})),
         workload=_workload(top.raw("workload"), source),
         source_file=source.filename,
         hardware=hardware,

@@ -24,10 +24,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import simpy
 
 from kvsim.errors import KvsimError
 from kvsim.hardware.spec import HardwareSpec
+from kvsim.manager.fingerprint import state_digest
 from kvsim.manager.invariants import find_violations
 from kvsim.manager.locking import API_LOCK_MODES, LockMode
 from kvsim.manager.manager import KVCacheManager, ProbeResult
@@ -63,6 +65,13 @@ class SimOptions:
     wait_for_copies: bool = False
     gil_release: Mapping[str, bool] = field(default_factory=dict)  # API -> releases the GIL
     check_invariants: bool = True  # after every exclusive call
+    check_lock_discipline: bool = True  # no mutation without the lock held exclusively
+    # Interleaving exploration: with a seed, every modelled delay is scaled by a random factor in
+    # [1 - jitter, 1 + jitter] and every thread start and lock request is delayed by up to
+    # jitter_s, which permutes the order of events that would otherwise be simultaneous.
+    schedule_seed: int | None = None
+    jitter: float = 0.1
+    jitter_s: float = 1e-6
 
 
 @dataclass
@@ -112,6 +121,14 @@ class StuckThread:
 
 
 @dataclass
+class Deadlock:
+    """A cycle in the wait-for graph: each thread waits for something the next one holds."""
+
+    time: float
+    cycle: list[StuckThread]
+
+
+@dataclass
 class SimRun:
     calls: list[CallRecord]
     lock: ReentrantSharedMutex
@@ -119,6 +136,7 @@ class SimRun:
     link: Link
     stream: CopyStream
     stuck: list[StuckThread]
+    deadlocks: list[Deadlock]
     violations: list[dict]
     end_time: float
     events_processed: int
@@ -147,6 +165,22 @@ class SimExecutor:
         self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
         self._current_api: dict[str, str] = {}
         self._alive: set[str] = set()
+        self.deadlocks: list[Deadlock] = []
+        self._stop = self.env.event()  # succeeds when a deadlock makes further progress moot
+        self._rng = (None if opt.schedule_seed is None
+                     else np.random.default_rng(opt.schedule_seed))
+
+    def _delay(self, seconds: float):
+        """A modelled delay, perturbed when exploring schedules."""
+        if self._rng is not None:
+            seconds *= 1.0 + self._rng.uniform(-self.options.jitter, self.options.jitter)
+        return self.env.timeout(max(seconds, 0.0))
+
+    def _nudge(self):
+        """Nothing, or (when exploring) a random sliver of time that reorders equal-time events."""
+        if self._rng is None:
+            return None
+        return self.env.timeout(self._rng.uniform(0.0, self.options.jitter_s))
 
     # -- the call pipeline ---------------------------------------------------------------------
     def _call(self, thread: str, call: Call):
@@ -159,14 +193,20 @@ class SimExecutor:
         half_python = self.cpu.python_call_us * 0.5e-6
         yield from self._take_gil(thread, call.api)
         if half_python:
-            yield env.timeout(half_python)
+            yield self._delay(half_python)
         if opt.gil_release.get(call.api, True):
             self.gil.release_fully(thread)
         if mode is not LockMode.NONE:
+            nudge = self._nudge()
+            if nudge is not None:
+                yield nudge
             rec.lock_requested = env.now
             self._waiting[thread] = ("lock", call.api)
             try:
-                yield self.lock.acquire(thread, mode, call.api)
+                request = self.lock.acquire(thread, mode, call.api)
+                if not request.triggered:
+                    self._check_deadlock(thread)
+                yield request
             except LockHazardError as e:
                 del self._waiting[thread]
                 rec.ok, rec.error, rec.end = False, f"LockHazardError: {e}", env.now
@@ -174,11 +214,25 @@ class SimExecutor:
                 return
             del self._waiting[thread]
             rec.lock_granted = env.now
+        exclusive_owner = self.lock.owner == thread
+        before = None
+        if opt.check_lock_discipline and not exclusive_owner:
+            before = state_digest(self.manager)
         try:
             result = call.invoke()
         except KvsimError as e:
             result = None
             rec.ok, rec.error = False, f"{type(e).__name__}: {e}"
+        if before is not None:
+            after = state_digest(self.manager)
+            touched = [k for k in before if before[k] != after[k]]
+            if touched:
+                held = "shared" if thread in self.lock.readers else "no"
+                self.violations.append({
+                    "kind": "lock-discipline", "index": rec.index, "thread": thread,
+                    "api": call.api, "time": env.now, "lock_held": held, "state": touched,
+                    "problem": f"{call.api} on {thread} mutated {', '.join(touched)} holding "
+                               f"{held} lock (needs exclusive)"})
         counts, copies = self._work_of(result)
         rec.result = result if isinstance(result, (bool, int)) else None
         if result is False:
@@ -188,17 +242,17 @@ class SimExecutor:
         if callbacks:
             # The manager calls back into Python under the lock: it needs the GIL.
             yield from self._take_gil(thread, call.api + " (callback)")
-            yield env.timeout(callbacks * self.cpu.callback_us * 1e-6)
+            yield self._delay(callbacks * self.cpu.callback_us * 1e-6)
             self.gil.release(thread)
         rec.cpu_s = self.cpu.seconds(counts)
         rec.cpu_terms_us = self.cpu.terms_us(counts)
         if rec.cpu_s:
-            yield env.timeout(rec.cpu_s)
+            yield self._delay(rec.cpu_s)
         if not self.cpu.includes_copy_submission:
             rec.submit_s = sum(host_seconds(self.hw, self.stream.request_for(b))
                                for b in copies if b.kind != "intra")
             if rec.submit_s:
-                yield env.timeout(rec.submit_s)
+                yield self._delay(rec.submit_s)
         done = [self.stream.submit(b, thread, call.api) for b in copies]
         for b in copies:
             if b.kind == "offload":
@@ -210,8 +264,8 @@ class SimExecutor:
         rec.dropped_pages = counts.pages_dropped
         if mode is LockMode.EXCLUSIVE and opt.check_invariants:
             for problem in find_violations(self.manager):
-                self.violations.append({"index": rec.index, "thread": thread, "api": call.api,
-                                        "time": env.now, "problem": problem})
+                self.violations.append({"kind": "invariant", "index": rec.index, "thread": thread,
+                                        "api": call.api, "time": env.now, "problem": problem})
         if mode is not LockMode.NONE:
             self.lock.release(thread)
             rec.lock_released = env.now
@@ -222,7 +276,7 @@ class SimExecutor:
                 yield all_done
         yield from self._take_gil(thread, call.api)
         if half_python:
-            yield env.timeout(half_python)
+            yield self._delay(half_python)
         self.gil.release_fully(thread)
         rec.end = env.now
 
@@ -230,8 +284,63 @@ class SimExecutor:
         if self.gil.holds(thread):
             return
         self._waiting[thread] = ("gil", api)
-        yield self.gil.acquire(thread)
+        request = self.gil.acquire(thread)
+        if not request.triggered:
+            self._check_deadlock(thread)
+        yield request
         del self._waiting[thread]
+
+    # -- the wait-for graph -------------------------------------------------------------------
+    def _waits_on(self, thread: str) -> list[str]:
+        """Threads ``thread`` waits for: holders of what it waits for (and, under writer
+        preference, the writers queued ahead of a waiting reader)."""
+        what, _api = self._waiting.get(thread, ("", ""))
+        if what == "gil":
+            return [self.gil.owner] if self.gil.owner not in (None, thread) else []
+        if what == "lock":
+            out = [t for t in self.lock.holders() if t != thread]
+            mine = [m for t, m in self.lock.waiting_threads() if t == thread]
+            if self.lock.policy == "writer" and mine and mine[0] == "shared":
+                out += [t for t, m in self.lock.waiting_threads() if m == "exclusive" and t != thread]
+            return out
+        return []
+
+    def _describe(self, thread: str) -> StuckThread:
+        what, api = self._waiting.get(thread, ("?", self._current_api.get(thread, "")))
+        holds = []
+        if self.lock.owner == thread:
+            holds.append("manager lock (exclusive)")
+        if thread in self.lock.readers:
+            holds.append("manager lock (shared)")
+        if self.gil.owner == thread:
+            holds.append("GIL")
+        return StuckThread(thread, api, {"lock": "manager lock", "gil": "GIL"}.get(what, what), holds)
+
+    def _check_deadlock(self, start: str) -> None:
+        """Depth-first search of the wait-for graph from a thread that just started waiting."""
+        path: list[str] = []
+        on_path: set[str] = set()
+
+        def visit(t: str) -> list[str] | None:
+            if t in on_path:
+                return path[path.index(t):]
+            if t not in self._waiting:
+                return None
+            path.append(t)
+            on_path.add(t)
+            for nxt in self._waits_on(t):
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+            path.pop()
+            on_path.discard(t)
+            return None
+
+        cycle = visit(start)
+        if cycle:
+            self.deadlocks.append(Deadlock(self.env.now, [self._describe(t) for t in cycle]))
+            if not self._stop.triggered:
+                self._stop.succeed()
 
     def _work_of(self, result: object) -> tuple[WorkCounts, list]:
         if isinstance(result, ProbeResult):
@@ -247,6 +356,9 @@ class SimExecutor:
     # -- threads ------------------------------------------------------------------------------
     def _thread(self, name: str, steps: Iterator[Step]):
         self._alive.add(name)
+        nudge = self._nudge()
+        if nudge is not None:
+            yield nudge
         for step in steps:
             if isinstance(step, Call):
                 yield from self._call(name, step)
@@ -262,27 +374,21 @@ class SimExecutor:
     def run(self, threads: Mapping[str, Iterator[Step]], until: float | None = None) -> SimRun:
         for name in sorted(threads):
             self.env.process(self._thread(name, threads[name]))
-        self.env.run(until=until)
-        # Threads still alive with no event left can never continue: report them. (With a
-        # time limit that was reached, they were merely cut off.)
-        stuck = self._stuck() if self.env.peek() == float("inf") else []
+        stop = self._stop if until is None else self.env.any_of([self._stop, self.env.timeout(until)])
+        try:
+            self.env.run(until=stop)
+        except RuntimeError as e:  # no event left before the stop event: a normal end
+            if "No scheduled events left" not in str(e):
+                raise
+        # Threads still alive with no event left (or after a deadlock stopped the run) can never
+        # continue: report them. With a time limit that was reached they were merely cut off.
+        ended = self.env.peek() == float("inf") or self._stop.triggered
+        stuck = self._stuck() if ended else []
         return SimRun(self.calls, self.lock, self.gil, self.link, self.stream, stuck,
-                      self.violations, self.env.now, self.env.events_processed)
+                      self.deadlocks, self.violations, self.env.now, self.env.events_processed)
 
     def _stuck(self) -> list[StuckThread]:
-        out = []
-        for thread in sorted(self._alive):
-            what, api = self._waiting.get(thread, ("?", self._current_api.get(thread, "")))
-            holds = []
-            if self.lock.owner == thread:
-                holds.append("manager lock (exclusive)")
-            if thread in self.lock.readers:
-                holds.append("manager lock (shared)")
-            if self.gil.owner == thread:
-                holds.append("GIL")
-            waits = {"lock": "manager lock", "gil": "GIL"}.get(what, what)
-            out.append(StuckThread(thread, api, waits, holds))
-        return out
+        return [self._describe(t) for t in sorted(self._alive) if t in self._waiting]
 
 
 __all__ = ["CopyRequest", "SimExecutor", "SimOptions", "SimRun", "CallRecord", "StuckThread"]

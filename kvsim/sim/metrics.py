@@ -56,12 +56,18 @@ def lock_summary(run: SimRun) -> dict:
     starvation = None
     if longest is not None:
         granted = longest.granted if longest.granted is not None else run.end_time
+        wait = granted - longest.requested
+        hold = (longest.released - longest.granted
+                if longest.granted is not None and longest.released is not None else 0.0)
         starvation = {
             "thread": longest.thread,
             "api": longest.api,
-            "longest_writer_wait_ms": (granted - longest.requested) * 1e3,
+            "longest_writer_wait_ms": wait * 1e3,
+            "writer_hold_ms": hold * 1e3,
             "readers_entered_while_waiting": longest.readers_passed,
             "granted": longest.granted is not None,
+            # Starved: readers kept entering and the writer waited longer than its own work.
+            "starved": longest.readers_passed > 0 and wait > hold,
         }
     return {
         "modelled": True,

@@ -40,8 +40,14 @@ API_LOCK_MODES: dict[str, LockMode] = {
     "KvCache.capacity": LockMode.NONE,
     "KvCache.history_length": LockMode.NONE,
     "KvCache.num_committed_tokens": LockMode.NONE,
+    # Bindings that reach exclusive paths without looking like calls: each may block on the lock,
+    # so each must release the GIL first (the deadlocks the seed fixed).
+    "KvCache.capacity.setter": LockMode.EXCLUSIVE,  # -> resize()
+    "KvCache.history_length.setter": LockMode.EXCLUSIVE,  # -> resize()
+    "KvCache.__del__": LockMode.EXCLUSIVE,  # -> close()
     # PlannedDrop.drop(), also reached from the handle's destructor
     "PlannedDrop.drop": LockMode.EXCLUSIVE,
+    "PlannedDrop.__del__": LockMode.EXCLUSIVE,  # applies an unapplied plan
 }
 
 

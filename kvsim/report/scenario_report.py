@@ -90,7 +90,8 @@ def _timeline_figure(results: dict, path: Path) -> None:
     ax_link.set_xlabel("simulated time (ms)")
     ax_link.set_ylabel("link GB/s")
     ax_link.set_title("Link utilisation")
-    ax_link.legend(loc="upper right", fontsize=8)
+    if segs:
+        ax_link.legend(loc="upper right", fontsize=8)
     ax_link.grid(alpha=0.3)
     ends = [c["start_ms"] + c["latency_ms"] for c in results["calls"] if c.get("latency_ms") is not None]
     ends += [s[1] * 1e3 for s in segs]
@@ -124,15 +125,17 @@ def _variants_section(results: dict) -> list[str]:
         return []
     metrics = sorted({m for v in variants.values() for m in v.get("reference", {}).get("metrics", {})})
     lines = ["## Variants", ""]
-    head = "| variant | resize p50 (ms) | offloaded pages | offloaded bytes |"
-    sep = "|---|---|---|---|"
+    head = ("| variant | resize p50 (ms) | offloaded pages | offloaded bytes | violations | "
+            "deadlocks | writer starved |")
+    sep = "|---|---|---|---|---|---|---|"
     for m in metrics:
         head += f" {m}: reference | error |"
         sep += "---|---|"
     lines += [head, sep]
     for name, v in variants.items():
         row = (f"| {name} | {_fmt(v.get('resize_p50_ms'))} | {v['offloaded_pages']} | "
-               f"{v['offloaded_bytes']:,} |")
+               f"{v['offloaded_bytes']:,} | {v['violations']} | {v['deadlocks']} | "
+               f"{'yes' if v.get('starved') else 'no'} |")
         for m in metrics:
             ref = v.get("reference", {}).get("metrics", {}).get(m)
             if ref is None:
@@ -179,6 +182,9 @@ def write_report(results: dict, out_dir: Path) -> None:
         "",
     ]
     lines += _variants_section(results)
+    if results.get("variants"):
+        lines += ["Each variant's own report: " + ", ".join(
+            f"[{name}](variants/{name}/report.md)" for name in results["variants"]), ""]
     if sim:
         _timeline_figure(results, out_dir / "timeline.png")
         _latency_cdf_figure(results, out_dir / "latency_cdf.png")
@@ -204,7 +210,18 @@ def write_report(results: dict, out_dir: Path) -> None:
                   "## Latency", "", "![latency CDF](latency_cdf.png)", ""]
         if results["deadlocks"]:
             lines += ["## Deadlocks and lock hazards", ""]
-            lines += [f"* `{d}`" for d in results["deadlocks"]]
+            for d in results["deadlocks"]:
+                if d["kind"] == "deadlock":
+                    lines.append(f"* deadlock at {d['time'] * 1e3:.4f} ms, a cycle of "
+                                 f"{len(d['cycle'])} threads:")
+                    lines += [f"  * `{t['thread']}` in `{t['api']}` holds "
+                              f"{', '.join(t['holds']) or 'nothing'} and waits for {t['waits_for']}"
+                              for t in d["cycle"]]
+                elif d["kind"] == "stuck":
+                    lines.append("* stuck threads (no event left): " + "; ".join(
+                        f"`{t['thread']}` waits for {t['waits_for']}" for t in d["threads"]))
+                else:
+                    lines.append(f"* lock hazard `{d['kind']}`: {d['thread']} in `{d['api']}`")
             lines.append("")
     else:
         _occupancy_figure(results, out_dir / "occupancy.png")

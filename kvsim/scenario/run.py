@@ -38,7 +38,7 @@ from kvsim.manager import KVCacheManager
 from kvsim.manager.invariants import find_violations
 from kvsim.scenario.schema import Scenario, Variant, parse_scenario
 from kvsim.scenario.source import ScenarioError, Source, apply_overrides, load_yaml
-from kvsim.workloads import burst_resize, concurrent_probe
+from kvsim.workloads import burst_resize, concurrent_probe, gil_antagonist, seed_concurrency
 from kvsim.workloads.steps import Call, Workload
 
 RESULTS_SCHEMA_VERSION = 1
@@ -89,11 +89,17 @@ def variant_scenario(sf: ScenarioFile, variant: Variant) -> Scenario:
         raise ScenarioError(f"variant {variant.name!r}: {e}") from None
 
 
+WORKLOAD_BUILDERS = {
+    "burst_resize": burst_resize.workload,
+    "concurrent_probe": concurrent_probe.workload,
+    "gil_antagonist": gil_antagonist.workload,
+    "seed_concurrency": seed_concurrency.workload,
+}
+
+
 def build_workload(scenario: Scenario, manager: KVCacheManager) -> Workload:
-    wl = scenario.workload
-    if isinstance(wl, concurrent_probe.ConcurrentProbeWorkload):
-        return concurrent_probe.workload(scenario.manager, wl, manager, scenario.seed)
-    return burst_resize.workload(scenario.manager, wl, manager, scenario.seed)
+    build = WORKLOAD_BUILDERS[scenario.workload.kind]
+    return build(scenario.manager, scenario.workload, manager, scenario.seed)
 
 
 def _invoke_untimed(call: Call) -> tuple[object, str]:
@@ -355,6 +361,7 @@ def write_results(results: dict, out_dir: Path) -> None:
             vdir.mkdir(parents=True)
             (vdir / "results.json").write_text(
                 json.dumps(public(v_results), indent=1, sort_keys=True) + "\n")
+            write_report(v_results, vdir)
         write_report(results, tmp)
         if out_dir.exists():
             shutil.rmtree(out_dir)

@@ -73,12 +73,14 @@ from kvsim.manager.config import LayerConfig, LevelConfig, ManagerConfig, Storag
 from kvsim.scenario.source import PathKey, Source
 from kvsim.workloads.burst_resize import BurstResizeWorkload
 from kvsim.workloads.concurrent_probe import ConcurrentProbeWorkload
+from kvsim.workloads.gil_antagonist import GilAntagonistWorkload
+from kvsim.workloads.seed_concurrency import SeedConcurrencyWorkload
 
 _REQUIRED = object()
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 EXECUTORS = ("plan", "sim")
-WORKLOADS = ("burst_resize", "concurrent_probe")
+WORKLOADS = ("burst_resize", "concurrent_probe", "gil_antagonist", "seed_concurrency")
 COPY_PATHS = ("auto", "ce-page", "ce-batch", "kernel")
 
 
@@ -194,7 +196,7 @@ class Scenario:
     seed: int
     executor: str
     manager: ManagerConfig
-    workload: BurstResizeWorkload | ConcurrentProbeWorkload
+    workload: BurstResizeWorkload | ConcurrentProbeWorkload | GilAntagonistWorkload | SeedConcurrencyWorkload
     source_file: str
     hardware: str | None = None
     cpu_model: str = "kvcm2-cpp"
@@ -274,12 +276,11 @@ PROBE_KEYS = {"background", "probe_threads", "probes_per_thread", "probe_interva
               "probe_tokens", "resize_start_us"}
 
 
-def _workload(data: object, source: Source) -> BurstResizeWorkload | ConcurrentProbeWorkload:
-    kind = Fields(data, source, ("workload",), {"kind"} | BURST_KEYS | PROBE_KEYS).str(
-        "kind", choices=WORKLOADS)
-    if kind == "burst_resize":
-        return _burst(Fields(data, source, ("workload",), {"kind"} | BURST_KEYS))
-    f = Fields(data, source, ("workload",), {"kind"} | PROBE_KEYS)
+GIL_KEYS = {"iterations", "setter_calls", "tokens", "priority", "victim_start_us"}
+SEED_KEYS = PROBE_KEYS | {"stats_queries", "stats_interval_us", "drop_tokens"}
+
+
+def _probe(f: Fields) -> ConcurrentProbeWorkload:
     return ConcurrentProbeWorkload(
         background=_burst(f.sub("background", BURST_KEYS)),
         probe_threads=f.int("probe_threads", 8, minimum=1),
@@ -288,6 +289,29 @@ def _workload(data: object, source: Source) -> BurstResizeWorkload | ConcurrentP
         probe_tokens=f.int("probe_tokens", 4096, minimum=1),
         resize_start_us=f.float("resize_start_us", 100.0, 0.0, 1e12),
     )
+
+
+def _workload(data: object, source: Source):
+    kind = Fields(data, source, ("workload",),
+                  {"kind"} | BURST_KEYS | SEED_KEYS | GIL_KEYS).str("kind", choices=WORKLOADS)
+    if kind == "burst_resize":
+        return _burst(Fields(data, source, ("workload",), {"kind"} | BURST_KEYS))
+    if kind == "concurrent_probe":
+        return _probe(Fields(data, source, ("workload",), {"kind"} | PROBE_KEYS))
+    if kind == "gil_antagonist":
+        f = Fields(data, source, ("workload",), {"kind"} | GIL_KEYS)
+        return GilAntagonistWorkload(
+            iterations=f.int("iterations", 50, minimum=1),
+            setter_calls=f.int("setter_calls", 50, minimum=1),
+            tokens=f.int("tokens", 64, minimum=1),
+            priority=f.int("priority", 50, maximum=100),
+            victim_start_us=f.float("victim_start_us", 1.0, 0.0, 1e12))
+    f = Fields(data, source, ("workload",), {"kind"} | SEED_KEYS)
+    return SeedConcurrencyWorkload(
+        probes=_probe(f),
+        stats_queries=f.int("stats_queries", 50, minimum=1),
+        stats_interval_us=f.float("stats_interval_us", 20.0, 0.0, 1e9),
+        drop_tokens=f.int("drop_tokens", 256, minimum=1))
 
 
 def _sim(f: Fields) -> SimSettings:

@@ -59,15 +59,19 @@ def lock_summary(run: SimRun) -> dict:
         wait = granted - longest.requested
         hold = (longest.released - longest.granted
                 if longest.granted is not None and longest.released is not None else 0.0)
+        # The part of the wait caused by readers that entered after the writer asked: from when
+        # the readers present at its request had all left until it got the lock.
+        drained = longest.drained_at if longest.drained_at is not None else granted
+        overtaken = max(0.0, granted - drained) if longest.readers_passed else 0.0
         starvation = {
             "thread": longest.thread,
             "api": longest.api,
             "longest_writer_wait_ms": wait * 1e3,
             "writer_hold_ms": hold * 1e3,
             "readers_entered_while_waiting": longest.readers_passed,
+            "wait_caused_by_overtaking_readers_ms": overtaken * 1e3,
             "granted": longest.granted is not None,
-            # Starved: readers kept entering and the writer waited longer than its own work.
-            "starved": longest.readers_passed > 0 and wait > hold,
+            "starved": overtaken > 0.0,
         }
     return {
         "modelled": True,

@@ -16,7 +16,7 @@ Every acquisition is recorded (request, grant and release times) for wait/hold s
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import simpy
 
@@ -48,6 +48,10 @@ class Acquisition:
     nested: bool = False
     # Readers that entered while this (exclusive) request waited: the starvation measure.
     readers_passed: int = 0
+    # Shared holders present when this exclusive request arrived, and when the last of them left:
+    # a writer granted later than that was kept waiting by readers that overtook it.
+    pending_readers: set[int] = field(default_factory=set)  # ids of those shared holds
+    drained_at: float | None = None
 
 
 class ReentrantSharedMutex:
@@ -92,6 +96,10 @@ class ReentrantSharedMutex:
             return event.fail(LockHazardError(
                 f"{thread}: {api} asks for the {self.name} lock {mode.value} while holding it "
                 f"shared ({kind}); the real lock would hang here"))
+        if mode is LockMode.EXCLUSIVE:
+            acq.pending_readers = {id(a) for t in self.readers for a in self._held[t]}
+            if not acq.pending_readers:
+                acq.drained_at = self.env.now
         self._waiting.append((acq, event))
         self.log.append(acq)
         self._dispatch()
@@ -109,6 +117,11 @@ class ReentrantSharedMutex:
             self.owner, self.owner_depth = None, 0
         else:
             del self.readers[thread]
+            for waiting, _ in self._waiting:
+                if waiting.drained_at is None and id(acq) in waiting.pending_readers:
+                    waiting.pending_readers.discard(id(acq))
+                    if not waiting.pending_readers:
+                        waiting.drained_at = self.env.now
         if not held:
             del self._held[thread]
         self._dispatch()

@@ -1,0 +1,79 @@
+"""The seed's GIL deadlock: a binding that blocks on the manager lock while holding the GIL.
+
+An ``antagonist`` thread loops create -> resume -> resize -> commit (fresh tokens, so every
+iteration commits and runs its priority callback under the lock) -> close, like the antagonist in
+KVCM2's concurrency tests. A ``victim`` thread keeps setting its cache's capacity through the
+property setter (``KvCache.capacity.setter``, which reaches ``resize()``) and finally drops its
+last reference (``KvCache.__del__``, which reaches ``close()``). The antagonist re-takes the GIL
+under the lock for its callback; if the victim's binding keeps the GIL while it waits for the
+lock, the two wait for each other. ``sim.gil_release`` decides per binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+from kvsim.workloads.steps import Call, Sleep, Step, Workload
+
+
+@dataclass(frozen=True)
+class GilAntagonistWorkload:
+    iterations: int = 50  # antagonist create/commit/close cycles
+    setter_calls: int = 50  # victim capacity-setter calls
+    tokens: int = 64  # tokens each antagonist iteration commits
+    priority: int = 50  # what the antagonist's priority callback returns
+    victim_start_us: float = 1.0
+    kind: str = "gil_antagonist"
+
+
+def workload(config: ManagerConfig, spec: GilAntagonistWorkload, manager: KVCacheManager,
+             seed: int) -> Workload:
+    tpb = config.tokens_per_block
+    rng = np.random.default_rng(seed)
+
+    def antagonist() -> Iterator[Step]:
+        for i in range(spec.iterations):
+            handle: dict[str, KvCache] = {}
+            tokens = rng.integers(0, 2**31, size=spec.tokens)
+            cid = f"antagonist{i}"
+
+            def create(cid: str = cid, handle: dict = handle) -> KvCache:
+                handle["c"] = manager.create_kv_cache(
+                    cache_id=cid, priority_callback=lambda block, lc: spec.priority)
+                return handle["c"]
+
+            yield Call("antagonist", "KVCacheManager.create_kv_cache", {"cache_id": cid}, create)
+            yield Call("antagonist", "KvCache.resume", {"cache_id": cid}, lambda h=handle: h["c"].resume())
+            yield Call("antagonist", "KvCache.resize", {"cache_id": cid, "capacity": spec.tokens},
+                       lambda h=handle: h["c"].resize(spec.tokens))
+            yield Call("antagonist", "KvCache.commit", {"cache_id": cid, "tokens": spec.tokens},
+                       lambda h=handle, t=tokens: h["c"].commit(t))
+            yield Call("antagonist", "KvCache.close", {"cache_id": cid}, lambda h=handle: h["c"].close())
+
+    def victim() -> Iterator[Step]:
+        yield Sleep(spec.victim_start_us * 1e-6)
+        handle: dict[str, KvCache] = {}
+
+        def create() -> KvCache:
+            handle["c"] = manager.create_kv_cache(cache_id="victim")
+            return handle["c"]
+
+        def set_capacity(tokens: int) -> None:
+            handle["c"].capacity = tokens
+
+        def drop_reference() -> None:
+            handle.pop("c").__del__()  # what CPython runs when the last reference goes
+
+        yield Call("victim", "KVCacheManager.create_kv_cache", {"cache_id": "victim"}, create)
+        yield Call("victim", "KvCache.resume", {"cache_id": "victim"}, lambda: handle["c"].resume())
+        for i in range(spec.setter_calls):
+            size = tpb * (1 + i % 4)
+            yield Call("victim", "KvCache.capacity.setter", {"cache_id": "victim", "capacity": size},
+                       lambda size=size: set_capacity(size))
+        yield Call("victim", "KvCache.__del__", {"cache_id": "victim"}, drop_reference)
+
+    return Workload(setup=(), make_threads=lambda: {"antagonist": antagonist(), "victim": victim()})

@@ -128,7 +128,7 @@ def _execute_plan(scenario: Scenario) -> dict:
     def run(call: Call, thread: str) -> None:
         result, error = _invoke_untimed(call)
         plan = manager.last_plan
-        manager.last_plan = None
+        manager.last_plan = None  # consumed, as the other executors do (kvsim.executor_common)
         ok = not error and result is not False and (plan is None or plan.ok)
         records.append({
             "index": len(records), "thread": thread, "phase": call.phase, "api": call.api,

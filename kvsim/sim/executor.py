@@ -28,16 +28,15 @@ import numpy as np
 import simpy
 
 from kvsim.errors import KvsimError
+from kvsim.executor_common import DisciplineCheck, account_copies, invariant_violations, work_of
 from kvsim.hardware.spec import HardwareSpec
-from kvsim.manager.fingerprint import state_digest
-from kvsim.manager.invariants import find_violations
 from kvsim.manager.locking import API_LOCK_MODES, LockMode
-from kvsim.manager.manager import KVCacheManager, ProbeResult
-from kvsim.manager.plan import WorkCounts
+from kvsim.manager.manager import KVCacheManager
 from kvsim.sim.copy_paths import PATHS, CopyRequest, host_seconds
 from kvsim.sim.cpu_cost import CpuCostModel
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
+from kvsim.sim.records import CallRecord, Deadlock, StuckThread
 from kvsim.sim.rwlock import LockHazardError, ReentrantSharedMutex
 from kvsim.sim.stream import CopyStream
 from kvsim.workloads.steps import Call, Sleep, Step, Until
@@ -72,60 +71,6 @@ class SimOptions:
     schedule_seed: int | None = None
     jitter: float = 0.1
     jitter_s: float = 1e-6
-
-
-@dataclass
-class CallRecord:
-    index: int
-    thread: str
-    phase: str
-    api: str
-    args: dict
-    mode: str
-    start: float
-    lock_requested: float | None = None
-    lock_granted: float | None = None
-    lock_released: float | None = None
-    end: float | None = None
-    cpu_s: float = 0.0
-    submit_s: float = 0.0
-    copies_done: float | None = None
-    ok: bool = True
-    result: object = None
-    error: str = ""
-    offloaded_pages: int = 0
-    offloaded_bytes: int = 0
-    onboarded_pages: int = 0
-    onboarded_bytes: int = 0
-    dropped_pages: int = 0
-    counts: dict = field(default_factory=dict)
-    cpu_terms_us: dict = field(default_factory=dict)
-
-    @property
-    def latency(self) -> float | None:
-        return None if self.end is None else self.end - self.start
-
-    @property
-    def lock_wait(self) -> float:
-        if self.lock_requested is None or self.lock_granted is None:
-            return 0.0
-        return self.lock_granted - self.lock_requested
-
-
-@dataclass
-class StuckThread:
-    thread: str
-    api: str
-    waits_for: str
-    holds: list[str]
-
-
-@dataclass
-class Deadlock:
-    """A cycle in the wait-for graph: each thread waits for something the next one holds."""
-
-    time: float
-    cycle: list[StuckThread]
 
 
 @dataclass
@@ -214,26 +159,17 @@ class SimExecutor:
                 return
             del self._waiting[thread]
             rec.lock_granted = env.now
-        exclusive_owner = self.lock.owner == thread
-        before = None
-        if opt.check_lock_discipline and not exclusive_owner:
-            before = state_digest(self.manager)
+        check = DisciplineCheck(self.manager,
+                                opt.check_lock_discipline and self.lock.owner != thread)
         try:
             result = call.invoke()
         except KvsimError as e:
             result = None
             rec.ok, rec.error = False, f"{type(e).__name__}: {e}"
-        if before is not None:
-            after = state_digest(self.manager)
-            touched = [k for k in before if before[k] != after[k]]
-            if touched:
-                held = "shared" if thread in self.lock.readers else "no"
-                self.violations.append({
-                    "kind": "lock-discipline", "index": rec.index, "thread": thread,
-                    "api": call.api, "time": env.now, "lock_held": held, "state": touched,
-                    "problem": f"{call.api} on {thread} mutated {', '.join(touched)} holding "
-                               f"{held} lock (needs exclusive)"})
-        counts, copies = self._work_of(result)
+        found = check.violation(rec, "shared" if thread in self.lock.readers else "no", env.now)
+        if found:
+            self.violations.append(found)
+        counts, copies = work_of(self.manager, result)
         rec.result = result if isinstance(result, (bool, int)) else None
         if result is False:
             rec.ok = False
@@ -254,18 +190,9 @@ class SimExecutor:
             if rec.submit_s:
                 yield self._delay(rec.submit_s)
         done = [self.stream.submit(b, thread, call.api) for b in copies]
-        for b in copies:
-            if b.kind == "offload":
-                rec.offloaded_pages += b.num_pages
-                rec.offloaded_bytes += b.num_bytes
-            elif b.kind == "onboard":
-                rec.onboarded_pages += b.num_pages
-                rec.onboarded_bytes += b.num_bytes
-        rec.dropped_pages = counts.pages_dropped
+        account_copies(rec, copies, counts)
         if mode is LockMode.EXCLUSIVE and opt.check_invariants:
-            for problem in find_violations(self.manager):
-                self.violations.append({"kind": "invariant", "index": rec.index, "thread": thread,
-                                        "api": call.api, "time": env.now, "problem": problem})
+            self.violations += invariant_violations(self.manager, rec, env.now)
         if mode is not LockMode.NONE:
             self.lock.release(thread)
             rec.lock_released = env.now
@@ -341,17 +268,6 @@ class SimExecutor:
             self.deadlocks.append(Deadlock(self.env.now, [self._describe(t) for t in cycle]))
             if not self._stop.triggered:
                 self._stop.succeed()
-
-    def _work_of(self, result: object) -> tuple[WorkCounts, list]:
-        if isinstance(result, ProbeResult):
-            counts = WorkCounts(tree_nodes_visited=result.tree_nodes_visited,
-                                blocks_hashed=result.blocks_hashed)
-            return counts, []
-        plan = self.manager.last_plan
-        if plan is None:
-            return WorkCounts(), []
-        self.manager.last_plan = None  # consumed: the next read-only call must not reuse it
-        return plan.counts, list(plan.copies)
 
     # -- threads ------------------------------------------------------------------------------
     def _thread(self, name: str, steps: Iterator[Step]):

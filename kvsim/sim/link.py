@@ -13,11 +13,12 @@ per change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import simpy
 
 from kvsim.hardware.spec import DIRECTIONS, HardwareSpec
+from kvsim.sim.records import LinkSegment, LinkStats
 
 GB = 1e9
 _EPS_BYTES = 1e-3
@@ -34,23 +35,6 @@ class Transfer:
     tag: str
     rate: float = 0.0
     started: float = 0.0
-
-
-@dataclass
-class LinkSegment:
-    """Constant-rate interval of the link: aggregate bytes/s per direction."""
-
-    start: float
-    end: float
-    offload_bps: float
-    onboard_bps: float
-
-
-@dataclass
-class LinkStats:
-    bytes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0.0))
-    transfers: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DIRECTIONS, 0))
-    segments: list[LinkSegment] = field(default_factory=list)
 
 
 def max_min_share(capacity: float, caps: list[float]) -> list[float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.sim.executor import CallRecord, SimRun
+from kvsim.sim.records import CallRecord
 
 
 def distribution_ms(values_s: list[float]) -> dict[str, float | int]:
@@ -38,7 +38,7 @@ def per_api(calls: list[CallRecord]) -> dict[str, dict]:
     return out
 
 
-def lock_summary(run: SimRun) -> dict:
+def lock_summary(run) -> dict:
     threads: dict[str, dict[str, float]] = {}
     for acq in run.lock.log:
         row = threads.setdefault(acq.thread, {"acquisitions": 0, "wait_s": 0.0, "hold_s": 0.0,
@@ -84,7 +84,7 @@ def lock_summary(run: SimRun) -> dict:
     }
 
 
-def link_summary(run: SimRun) -> dict:
+def link_summary(run) -> dict:
     stats = run.link.stats
     busy = {d: 0.0 for d in ("offload", "onboard")}
     for seg in stats.segments:
@@ -102,7 +102,7 @@ def link_summary(run: SimRun) -> dict:
     }
 
 
-def copies_summary(run: SimRun) -> list[dict]:
+def copies_summary(run) -> list[dict]:
     return [
         {**vars(r), "seconds": (r.finished - r.started) if r.finished is not None else None,
          "gbps": (r.num_bytes / (r.finished - r.started) / 1e9)
@@ -111,7 +111,7 @@ def copies_summary(run: SimRun) -> list[dict]:
     ]
 
 
-def probes_during_holds(run: SimRun) -> dict:
+def probes_during_holds(run) -> dict:
     """Probe latency split by whether the probe overlapped an exclusive hold of another thread."""
     holds = [(a.granted, a.released) for a in run.lock.log
              if a.mode == "exclusive" and not a.nested and a.granted is not None

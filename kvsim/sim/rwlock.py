@@ -16,42 +16,11 @@ Every acquisition is recorded (request, grant and release times) for wait/hold s
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 
 import simpy
 
 from kvsim.manager.locking import LockMode
-
-POLICIES = ("reader", "writer")
-
-
-class LockHazardError(RuntimeError):
-    """A request that would hang the real lock (upgrade, or nesting under a shared hold)."""
-
-
-@dataclass
-class LockHazard:
-    kind: str  # "upgrade" | "nested-shared"
-    thread: str
-    api: str
-    time: float
-
-
-@dataclass
-class Acquisition:
-    thread: str
-    api: str
-    mode: str
-    requested: float
-    granted: float | None = None
-    released: float | None = None
-    nested: bool = False
-    # Readers that entered while this (exclusive) request waited: the starvation measure.
-    readers_passed: int = 0
-    # Shared holders present when this exclusive request arrived, and when the last of them left:
-    # a writer granted later than that was kept waiting by readers that overtook it.
-    pending_readers: set[int] = field(default_factory=set)  # ids of those shared holds
-    drained_at: float | None = None
+from kvsim.sim.records import POLICIES, Acquisition, LockHazard, LockHazardError
 
 
 class ReentrantSharedMutex:

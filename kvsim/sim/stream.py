@@ -7,31 +7,13 @@ run one after another; batches on different streams share the link.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import simpy
 
 from kvsim.hardware.spec import HardwareSpec
 from kvsim.manager.plan import COPY_INTRA, CopyBatch
 from kvsim.sim.copy_paths import CopyRequest, device_work
 from kvsim.sim.link import GB, Link
-
-
-@dataclass
-class CopyRecord:
-    stream: str
-    thread: str
-    api: str
-    kind: str
-    path: str
-    pages: int
-    page_bytes: int
-    num_bytes: int
-    ctas: int | None
-    sms: int
-    submitted: float
-    started: float | None = None
-    finished: float | None = None
+from kvsim.sim.records import CopyRecord
 
 
 class CopyStream:

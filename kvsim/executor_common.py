@@ -1,0 +1,65 @@
+"""What both executors do around one manager call, whatever their clock.
+
+* :func:`work_of` -- the counts and copy batches a call produced (a probe's from its result, a
+  mutating call's from the manager's ``last_plan``, which it consumes);
+* :func:`account_copies` -- pages and bytes moved, onto the call's record;
+* :class:`DisciplineCheck` -- the lock-discipline checker: a digest of the shared state around a
+  call made without the exclusive lock; any difference is a violation;
+* :func:`invariant_violations` -- the invariant checker's findings as violation records.
+"""
+
+from __future__ import annotations
+
+from kvsim.manager.fingerprint import state_digest
+from kvsim.manager.invariants import find_violations
+from kvsim.manager.manager import KVCacheManager, ProbeResult
+from kvsim.manager.plan import CopyBatch, WorkCounts
+from kvsim.sim.records import CallRecord
+
+
+def work_of(manager: KVCacheManager, result: object) -> tuple[WorkCounts, list[CopyBatch]]:
+    if isinstance(result, ProbeResult):
+        return WorkCounts(tree_nodes_visited=result.tree_nodes_visited,
+                          blocks_hashed=result.blocks_hashed), []
+    plan = manager.last_plan
+    if plan is None:
+        return WorkCounts(), []
+    manager.last_plan = None  # consumed: the next read-only call must not reuse it
+    return plan.counts, list(plan.copies)
+
+
+def account_copies(rec: CallRecord, copies: list[CopyBatch], counts: WorkCounts) -> None:
+    for b in copies:
+        if b.kind == "offload":
+            rec.offloaded_pages += b.num_pages
+            rec.offloaded_bytes += b.num_bytes
+        elif b.kind == "onboard":
+            rec.onboarded_pages += b.num_pages
+            rec.onboarded_bytes += b.num_bytes
+    rec.dropped_pages = counts.pages_dropped
+
+
+class DisciplineCheck:
+    """Digest before, compare after: a call that mutated shared state without holding the lock
+    exclusively yields one violation naming the API, thread, time and the state touched."""
+
+    def __init__(self, manager: KVCacheManager, enabled: bool) -> None:
+        self.manager = manager
+        self.before = state_digest(manager) if enabled else None
+
+    def violation(self, rec: CallRecord, lock_held: str, time: float) -> dict | None:
+        if self.before is None:
+            return None
+        after = state_digest(self.manager)
+        touched = [k for k in self.before if self.before[k] != after[k]]
+        if not touched:
+            return None
+        return {"kind": "lock-discipline", "index": rec.index, "thread": rec.thread,
+                "api": rec.api, "time": time, "lock_held": lock_held, "state": touched,
+                "problem": f"{rec.api} on {rec.thread} mutated {', '.join(touched)} holding "
+                           f"{lock_held} lock (needs exclusive)"}
+
+
+def invariant_violations(manager: KVCacheManager, rec: CallRecord, time: float) -> list[dict]:
+    return [{"kind": "invariant", "index": rec.index, "thread": rec.thread, "api": rec.api,
+             "time": time, "problem": problem} for problem in find_violations(manager)]

@@ -165,14 +165,17 @@ def _api_section(results: dict) -> list[str]:
 
 def write_report(results: dict, out_dir: Path) -> None:
     sc = results["scenario"]
-    sim = results["executor"] == "sim"
+    sim = results["executor"] in ("sim", "hw")  # both have times, a lock and a link
     lines = [
         f"# {sc['name']}",
         "",
         sc["description"].strip() or "(no description)",
         "",
         f"* scenario file: `{sc['file']}`, seed {sc['seed']}, executor `{results['executor']}`"
-        + (f", hardware `{results['hardware']}`, CPU cost model `{results['cpu_model']}`" if sim else ""),
+        + (f", hardware `{results['hardware']}`" if sim else "")
+        + (f", CPU cost model `{results['cpu_model']}`" if "cpu_model" in results else "")
+        + (f", copier `{results['hw']['copier']}`, verify {results['hw']['verify']}"
+           if "hw" in results else ""),
         f"* pages offloaded: {results['offload']['pages']} ({results['offload']['bytes']:,} bytes); "
         f"by the growth phase: {results['offload']['growth_pages']} "
         f"({results['offload']['growth_bytes']:,} bytes)",

@@ -230,6 +230,63 @@ def _ms(t: float | None) -> float | None:
     return None if t is None else t * 1e3
 
 
+def _execute_hw(scenario: Scenario) -> dict:
+    """Real threads, the real lock and (copier ``cuda``) real copies on a GPU."""
+    from hw.executor import HwExecutor, HwOptions, NullCopier
+    from kvsim.hardware import load_hardware
+    from kvsim.sim import metrics
+
+    hardware = load_hardware(scenario.hardware)
+    manager = KVCacheManager(scenario.manager)
+    workload = build_workload(scenario, manager)
+    setup_failed = []
+    for call in workload.setup:
+        result, error = _invoke_untimed(call)
+        if error or result is False:
+            setup_failed.append({"api": call.api, "args": call.args, "error": error or "False"})
+    s, h = scenario.sim, scenario.hw
+    pools = None
+    if h.copier == "cuda":
+        from hw.copier import PoolCopier
+        from hw.pools import HostDevicePools
+
+        pools = HostDevicePools(manager.layout, [lv.quota_bytes for lv in scenario.manager.levels],
+                                device=h.device, hardware=hardware)
+        copier = PoolCopier(pools, hardware, s.copy_path, s.kernel_ctas, s.kernel_inflight_bytes,
+                            verify=h.verify)
+    else:
+        copier = NullCopier()
+    # Per-call checks cost real time inside the measured calls: only in --verify runs.
+    options = HwOptions(lock_policy=s.lock_policy, wait_for_copies=s.wait_for_copies,
+                        check_invariants_per_call=h.verify and s.check_invariants,
+                        check_lock_discipline=h.verify and s.check_lock_discipline)
+    try:
+        run = HwExecutor(manager, copier, options).run(workload.make_threads())
+    finally:
+        if pools is not None:
+            pools.close()
+    records = [_sim_record(c) for c in run.calls]
+    deadlocks = [{"kind": "stuck", "threads": run.stuck}] if run.stuck else []
+    lock = metrics.lock_summary(run)
+    out = _common(scenario, manager, records, run.violations) | {
+        "api": metrics.per_api(run.calls),
+        "lock": lock,
+        "starvation": lock["starvation"],
+        "deadlocks": deadlocks,
+        "link": metrics.link_summary(run),
+        "copies": metrics.copies_summary(run),
+        "hardware": hardware.name,
+        "hw": {"copier": copier.name, "verify": h.verify, "thread_errors": run.errors,
+               "pages_verified": getattr(copier, "pages_verified", 0),
+               "pages_signed": getattr(copier, "pages_signed", 0),
+               "end_time_s": run.end_time},
+        "setup_failures": setup_failed,
+    }
+    if any(c.api == "KVCacheManager.probe_reuse" for c in run.calls):
+        out["probe"] = metrics.probes_during_holds(run)
+    return out
+
+
 def _sim_record(c) -> dict:
     ms = _ms
     return {
@@ -275,6 +332,8 @@ def execute(scenario: Scenario) -> dict:
     """Run one scenario (no variants); returns its results object."""
     if scenario.executor == "sim":
         return _execute_sim(scenario)
+    if scenario.executor == "hw":
+        return _execute_hw(scenario)
     return _execute_plan(scenario)
 
 

@@ -8,7 +8,8 @@ Schema (``*`` = required)::
     name*: str                      # also the default report directory, reports/<name>/
     description: str
     seed: int >= 0                  # default 0
-    executor: plan | sim            # plan: manager plans only, no time; sim: the SimPy model
+    executor: plan | sim | hw       # plan: manager plans only, no time; sim: the SimPy model;
+                                    # hw: real threads, a real lock and real copies on a GPU
     hardware: str                   # sim: a preset (h100-pcie, h200-sxm, gh200, gb200, b200)
                                     #      or a hardware JSON file (relative to the scenario)
     cpu_model: str                  # sim: CPU cost preset or JSON file (default kvcm2-cpp)
@@ -56,6 +57,11 @@ Schema (``*`` = required)::
       probe_interval_us: float >= 0            # think time between one thread's probes
       probe_tokens: int >= 1                   # tokens per probe (a filler's committed prefix)
       resize_start_us: float >= 0              # when the background resize starts
+    hw:                             # hw executor options (lock policy, copy path, waits and
+                                    # checks come from `sim:`)
+      copier: cuda | none           # none: real threads and lock, no copies (no GPU needed)
+      device: int >= 0
+      verify: bool                  # sign every page and check every migrated page
     variants:                       # optional: named runs of this scenario with overrides
       NAME:
         set: {dotted.field: value}  # e.g. manager.stats_commit: per_page
@@ -79,7 +85,7 @@ from kvsim.workloads.seed_concurrency import SeedConcurrencyWorkload
 _REQUIRED = object()
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-EXECUTORS = ("plan", "sim")
+EXECUTORS = ("plan", "sim", "hw")
 WORKLOADS = ("burst_resize", "concurrent_probe", "gil_antagonist", "seed_concurrency")
 COPY_PATHS = ("auto", "ce-page", "ce-batch", "kernel")
 
@@ -182,6 +188,13 @@ class SimSettings:
 
 
 @dataclass(frozen=True)
+class HwSettings:
+    copier: str = "cuda"
+    device: int = 0
+    verify: bool = False
+
+
+@dataclass(frozen=True)
 class Variant:
     name: str
     overrides: tuple[tuple[str, object], ...]
@@ -201,6 +214,7 @@ class Scenario:
     hardware: str | None = None
     cpu_model: str = "kvcm2-cpp"
     sim: SimSettings = SimSettings()
+    hw: HwSettings = HwSettings()
     variants: tuple[Variant, ...] = ()
 
 
@@ -370,14 +384,14 @@ def _variants(data: object, source: Source) -> tuple[Variant, ...]:
 
 def parse_scenario(data: Any, source: Source) -> Scenario:
     top = Fields(data, source, (), {"name", "description", "seed", "executor", "manager",
-                                    "workload", "hardware", "cpu_model", "sim", "variants"})
+                                    "workload", "hardware", "cpu_model", "sim", "hw", "variants"})
     name = top.str("name")
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise top.error("name", f"must be letters, digits, '_', '-' or '.', got {name!r}")
     executor = top.str("executor", "plan", EXECUTORS)
     hardware = top.raw("hardware", None)
-    if executor == "sim" and hardware is None:
-        raise top.error("hardware", "the sim executor needs a hardware preset or file")
+    if executor in ("sim", "hw") and hardware is None:
+        raise top.error("hardware", f"the {executor} executor needs a hardware preset or file")
     if hardware is not None:
         hardware = _resolve(top.str("hardware"), source)
     return Scenario(
@@ -395,8 +409,15 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
         cpu_model=_resolve(top.str("cpu_model", "kvcm2-cpp"), source),
         sim=_sim(top.sub("sim", set(SimSettings.__dataclass_fields__)))
         if top.raw("sim", None) is not None else SimSettings(),
+        hw=_hw(top.sub("hw", {"copier", "device", "verify"}))
+        if top.raw("hw", None) is not None else HwSettings(),
         variants=_variants(top.raw("variants", None), source),
     )
+
+
+def _hw(f: Fields) -> HwSettings:
+    return HwSettings(copier=f.str("copier", "cuda", ("cuda", "none")),
+                      device=f.int("device", 0), verify=f.bool("verify", False))
 
 
 def _resolve(value: str, source: Source) -> str:

@@ -91,6 +91,8 @@ def apply_overrides(data: dict, source: Source, overrides: list[str]) -> None:
         keys: list[Any] = [int(k) if k.isdigit() else k for k in dotted.split(".")]
         target: Any = data
         for k in keys[:-1]:
+            if isinstance(target, dict) and k not in target and isinstance(k, str) and target is data:
+                target[k] = {}  # an optional top-level block (sim:, hw:) not written in the file
             try:
                 target = target[k]
             except (KeyError, IndexError, TypeError):

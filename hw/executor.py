@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
+from hw.rwlock import ThreadedSharedMutex
 from kvsim.errors import KvsimError
 from kvsim.executor_common import DisciplineCheck, account_copies, invariant_violations, work_of
 from kvsim.manager.locking import API_LOCK_MODES, LockMode
@@ -28,8 +29,6 @@ from kvsim.manager.manager import KVCacheManager
 from kvsim.manager.plan import CopyBatch
 from kvsim.sim.records import CallRecord, CopyRecord, LinkSegment, LinkStats, LockHazardError
 from kvsim.workloads.steps import Call, Sleep, Step, Until
-
-from hw.rwlock import ThreadedSharedMutex
 
 
 class NullCopier:

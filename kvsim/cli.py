@@ -65,6 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     cli_copy_model.add_parser(sub)
     explore.add_parser(sub)
+    from kvsim import cli_detect
+
+    cli_detect.add_parser(sub)
+    from kvsim import cli_replay
+
+    cli_replay.add_parser(sub)
     return parser
 
 

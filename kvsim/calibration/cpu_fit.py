@@ -1,0 +1,172 @@
+"""Calibrating the CPU cost model to this project's own Python manager, on the machine it runs on.
+
+What it times: single manager calls (``time.perf_counter`` around the call alone, median of
+``repeats`` fresh runs) in a set of workloads that vary one count at a time: burst resizes with
+and without eviction over page counts, probes over prefix lengths, commits over token counts.
+What it fits: ``seconds = per_call + sum(unit_cost * count)`` by non-negative least squares over
+the ``fit`` cases; the ``judge`` cases (other sizes) are predicted, not fitted, and their errors
+are reported. The result is a CPU cost preset (``kvsim/hardware/cpu/*.json`` format) whose
+sources name the measurement file.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.manager.plan import WorkCounts
+
+UNITS = ("pages_allocated", "pages_migrated", "eviction_candidates", "blocks_hashed",
+         "tree_nodes_created", "stats_page_records")
+PAGE = (8192, 8192)  # the seed's 16 KiB pages
+
+
+@dataclass
+class Case:
+    name: str
+    role: str  # fit | judge
+    seconds: float
+    counts: dict[str, int]
+    samples: list[float]
+
+
+def _config(gpu_pages: int, host_pages: int) -> ManagerConfig:
+    return ManagerConfig(
+        layers=(LayerConfig(slot_bytes=PAGE), LayerConfig(slot_bytes=PAGE, window_tokens=4096)),
+        levels=(LevelConfig("gpu", gpu_pages * 16384), LevelConfig("host", host_pages * 16384)),
+        tokens_per_block=32)
+
+
+def _filled(gpu_pages: int, fill: bool) -> KVCacheManager:
+    mgr = KVCacheManager(_config(gpu_pages, 4 * gpu_pages + 8192))
+    if fill:
+        tokens = gpu_pages * 32 // 4  # two life cycles: tokens/32 blocks x 2 pages = half the GPU
+        for i in range(2):
+            c = mgr.create_kv_cache()
+            assert c.resume() and c.resize(tokens)
+            c.commit(np.arange(i * tokens, (i + 1) * tokens, dtype=np.uint32) + 7)
+            c.close()
+    return mgr
+
+
+def _time(setup: Callable[[], Callable[[], object]], repeats: int) -> tuple[float, list[float], WorkCounts]:
+    samples, counts = [], WorkCounts()
+    for _ in range(repeats):
+        call = setup()
+        t0 = time.perf_counter()
+        result = call()
+        samples.append(time.perf_counter() - t0)
+        counts = result if isinstance(result, WorkCounts) else counts
+    return statistics.median(samples), samples, counts
+
+
+def _resize_case(pages: int, evict: bool):
+    def setup():
+        mgr = _filled(8192 if evict else 16384, evict)
+        req = mgr.create_kv_cache()
+        assert req.resume()
+        blocks = pages // 2  # two life cycles, no stale blocks (history 0)
+
+        def call():
+            assert req.resize(blocks * 32)
+            return mgr.last_plan.counts
+        return call
+    return setup
+
+
+def _probe_case(tokens: int):
+    def setup():
+        mgr = _filled(8192, True)
+        toks = np.arange(7, 7 + tokens, dtype=np.uint32)
+
+        def call():
+            r = mgr.probe(toks)
+            return WorkCounts(blocks_hashed=r.blocks_hashed, tree_nodes_visited=r.tree_nodes_visited)
+        return call
+    return setup
+
+
+def _commit_case(tokens: int):
+    def setup():
+        mgr = _filled(8192, False)
+        c = mgr.create_kv_cache()
+        assert c.resume() and c.resize(tokens)
+        toks = np.arange(10**6, 10**6 + tokens, dtype=np.uint32)
+
+        def call():
+            c.commit(toks)
+            return mgr.last_plan.counts
+        return call
+    return setup
+
+
+def measure(repeats: int = 5, progress: Callable[[str], None] | None = None) -> list[Case]:
+    plan = []
+    for pages in (500, 1000, 2000, 4000, 6000):
+        role = "fit" if pages in (500, 2000, 6000) else "judge"
+        plan.append((f"resize evicting {pages} pages", role, _resize_case(pages, True)))
+        plan.append((f"resize allocating {pages} pages", role, _resize_case(pages, False)))
+    for tokens in (512, 2048, 4096, 8192, 16384):
+        role = "fit" if tokens in (512, 4096, 16384) else "judge"
+        plan.append((f"probe of {tokens} tokens", role, _probe_case(tokens)))
+        plan.append((f"commit of {tokens} tokens", role, _commit_case(tokens)))
+    cases = []
+    for i, (name, role, setup) in enumerate(plan):
+        seconds, samples, counts = _time(setup, repeats)
+        cases.append(Case(name, role, seconds, {u: getattr(counts, u) for u in UNITS}, samples))
+        if progress is not None:
+            progress(f"{i + 1}/{len(plan)} {name}: {seconds * 1e3:.3f} ms")
+    return cases
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares by active-set elimination (small problems only)."""
+    active = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if (sol >= 0).all():
+            x[:] = 0
+            x[active] = sol
+            return x
+        active.pop(int(np.argmin(sol)))
+    return x
+
+
+def fit(cases: list[Case]) -> dict[str, float]:
+    """Unit costs in microseconds (and ``per_call_us``) from the ``fit`` cases.
+
+    Rows are weighted by 1/seconds, so the fit minimises relative error."""
+    rows = [c for c in cases if c.role == "fit"]
+    a = np.array([[1.0] + [c.counts[u] for u in UNITS] for c in rows])
+    b = np.array([c.seconds * 1e6 for c in rows])
+    w = 1.0 / b
+    x = nnls(a * w[:, None], b * w)
+    return {"per_call_us": float(x[0]), **{u: float(v) for u, v in zip(UNITS, x[1:])}}
+
+
+def predict_us(costs: dict[str, float], counts: dict[str, int]) -> float:
+    return costs["per_call_us"] + sum(costs[u] * counts.get(u, 0) for u in UNITS)
+
+
+def preset(costs: dict[str, float], source_file: str, name: str) -> dict:
+    src = (f"{source_file}: kvsim.calibration.cpu_fit on {platform.node() or 'this host'} "
+           f"({platform.processor() or platform.machine()}, Python {platform.python_version()}); "
+           "non-negative least squares over the 'fit' cases")
+    return {
+        "name": name,
+        "description": "This project's Python manager (kvsim.manager), fitted on the machine named in the "
+                       "sources. The manager runs in Python, so its CPU time holds the GIL.",
+        "includes_copy_submission": False,
+        "holds_gil": True,
+        "per_call_us": {"value": round(costs["per_call_us"], 4), "source": src},
+        "python_call_us": {"value": 0.0, "source": "included in per_call_us (the manager is Python)"},
+        "callback_us": {"value": 0.0, "source": "not calibrated; no workload here uses callbacks"},
+        "unit_us": {u: {"value": round(costs[u], 5), "source": src} for u in UNITS},
+    }

@@ -29,7 +29,7 @@ class PoolCopier:
         from hw.copy_select import CopySelector
         from hw.executor_copies import PlanCopier
 
-        auto = path == "auto"
+        auto = path in ("auto", "select")
         self.plan_copier = PlanCopier(pools, selector=CopySelector(hardware) if auto else None,
                                       path=None if auto else path)
         self.pools = pools
@@ -40,6 +40,24 @@ class PoolCopier:
         self._origin_host = 0.0
         self.pages_verified = 0
         self.pages_signed = 0
+
+    def warm_up(self) -> None:
+        """Run every path once per direction on one page (slot 0), so kernel compilation (NVRTC)
+        and handle creation stay out of the measured calls. Before signing: it overwrites slot 0."""
+        import numpy as np
+
+        layout = self.pools.layout
+        if layout.num_levels < 2:
+            return
+        for pg in layout.pool_groups:
+            if not all(layout.level_slots[lv][pg.index] for lv in (0, 1)):
+                continue
+            one = np.zeros(1, dtype=np.int32)
+            for src, dst in ((0, 1), (1, 0)):
+                batch = CopyBatch(src, dst, pg.index, one, one, pg.pool_slot_bytes)
+                for path in ("kernel", "ce-batch", "ce-page"):
+                    self.pools.copy_batch(batch, path, self.plan_copier.stream)
+        self.plan_copier.stream.synchronize()
 
     def sign_all(self, manager: KVCacheManager) -> None:
         """Before the run: sign every live page (setup ran without real copies)."""

@@ -189,6 +189,8 @@ class HwExecutor:
             self._errors.append(f"{name}: {type(e).__name__}: {e}")
 
     def run(self, threads: Mapping[str, Iterator[Step]], join_timeout_s: float = 600.0) -> HwRun:
+        if hasattr(self.copier, "warm_up"):
+            self.copier.warm_up()
         self.copier.sign_all(self.manager)
         self.t0 = time.perf_counter()
         self.lock.t0 = self.t0

@@ -15,7 +15,7 @@ import time
 from collections import deque
 
 from kvsim.manager.locking import LockMode
-from kvsim.sim.rwlock import POLICIES, Acquisition, LockHazard, LockHazardError
+from kvsim.sim.records import POLICIES, Acquisition, LockHazard, LockHazardError
 
 
 class ThreadedSharedMutex:

@@ -57,6 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                      help="override a scenario field, e.g. --set seed=3")
     run.add_argument("--json", action="store_true", help="print the results object to stdout")
+    run.add_argument("--verify", action="store_true",
+                     help="hw executor: sign every page and check every migrated page")
     run.add_argument("--quiet", action="store_true")
     run.set_defaults(func=_cmd_run)
 
@@ -71,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvsim import cli_replay
 
     cli_replay.add_parser(sub)
+    from kvsim.calibration import calibrate
+
+    calibrate.add_parser(sub)
     return parser
 
 

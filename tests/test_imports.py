@@ -14,3 +14,12 @@ def test_importing_kvsim_and_running_the_cli_imports_no_gpu_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_hardware_executor_needs_no_simpy():
+    """The GPU machine has CuPy but not SimPy: the hw side must not import the simulator."""
+    code = ("import sys, hw.executor, hw.copier, hw.rwlock, kvsim.scenario.run, kvsim.cli\n"
+            "kvsim.cli.build_parser()\n"
+            "print('simpy' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,7 +1,7 @@
 """Calibrating the CPU cost model to this project's own Python manager, on the machine it runs on.
 
-What it times: single manager calls (``time.perf_counter`` around the call alone, median of
-``repeats`` fresh runs) in a set of workloads that vary one count at a time: burst resizes with
+What it times: single manager calls (``time.perf_counter`` around the call alone, garbage
+collection paused, median of ``repeats`` fresh runs) in a set of workloads that vary one count at a time: burst resizes with
 and without eviction over page counts, probes over prefix lengths, commits over token counts.
 What it fits: ``seconds = per_call + sum(unit_cost * count)`` by non-negative least squares over
 the ``fit`` cases; the ``judge`` cases (other sizes) are predicted, not fitted, and their errors
@@ -11,6 +11,7 @@ sources name the measurement file.
 
 from __future__ import annotations
 
+import gc
 import platform
 import statistics
 import time
@@ -59,9 +60,14 @@ def _time(setup: Callable[[], Callable[[], object]], repeats: int) -> tuple[floa
     samples, counts = [], WorkCounts()
     for _ in range(repeats):
         call = setup()
-        t0 = time.perf_counter()
-        result = call()
-        samples.append(time.perf_counter() - t0)
+        gc.collect()
+        gc.disable()  # a collection inside the timed call is noise, not the manager's cost
+        try:
+            t0 = time.perf_counter()
+            result = call()
+            samples.append(time.perf_counter() - t0)
+        finally:
+            gc.enable()
         counts = result if isinstance(result, WorkCounts) else counts
     return statistics.median(samples), samples, counts
 

@@ -252,8 +252,7 @@ def _execute_hw(scenario: Scenario) -> dict:
 
         pools = HostDevicePools(manager.layout, [lv.quota_bytes for lv in scenario.manager.levels],
                                 device=h.device, hardware=hardware)
-        copier = PoolCopier(pools, hardware, s.copy_path, s.kernel_ctas, s.kernel_inflight_bytes,
-                            verify=h.verify)
+        copier = PoolCopier(pools, hardware, s.copy_path, verify=h.verify)
     else:
         copier = NullCopier()
     # Per-call checks cost real time inside the measured calls: only in --verify runs.
@@ -432,7 +431,8 @@ def write_results(results: dict, out_dir: Path) -> None:
 
 def run_scenario_cli(args: argparse.Namespace) -> int:
     try:
-        sf = load_scenario_file(args.scenario, args.set)
+        overrides = list(args.set) + (["hw.verify=true"] if getattr(args, "verify", False) else [])
+        sf = load_scenario_file(args.scenario, overrides)
     except KvsimError as e:
         print(f"kvsim run: {e}", file=sys.stderr)
         return 2

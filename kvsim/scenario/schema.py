@@ -15,7 +15,9 @@ Schema (``*`` = required)::
     cpu_model: str                  # sim: CPU cost preset or JSON file (default kvcm2-cpp)
     sim:                            # sim executor options
       lock_policy: reader | writer  # reader: glibc's default, readers may starve a writer
-      copy_path: auto | ce-page | ce-batch | kernel   # auto: KVCM2's choice for the link
+      copy_path: auto | select | ce-page | ce-batch | kernel
+                                    # auto: KVCM2's rule in sim, the selector in hw;
+                                    # select: the selector's cheapest path (both executors)
       kernel_ctas: int >= 1         # default: KVCM2's grid policy
       kernel_inflight_bytes: bytes  # default: the preset's reference depth
       aligned: bool                 # false: the alignment-agnostic kernel
@@ -87,7 +89,7 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 EXECUTORS = ("plan", "sim", "hw")
 WORKLOADS = ("burst_resize", "concurrent_probe", "gil_antagonist", "seed_concurrency")
-COPY_PATHS = ("auto", "ce-page", "ce-batch", "kernel")
+COPY_PATHS = ("auto", "select", "ce-page", "ce-batch", "kernel")
 
 
 class Fields:

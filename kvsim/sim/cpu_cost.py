@@ -36,6 +36,9 @@ class CpuCostModel:
     callback_us: float  # Python work per priority-callback or event-sink call (holds the GIL)
     python_call_us: float  # Python-side cost of entering and leaving a binding (holds the GIL)
     includes_copy_submission: bool
+    # True for a manager written in Python: its CPU work runs holding the GIL, so concurrent
+    # Python threads queue for it (False for KVCM2's C++, which runs with the GIL released).
+    holds_gil: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def seconds(self, counts: WorkCounts) -> float:
@@ -92,5 +95,6 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
         callback_us=value("callback_us", data.get("callback_us")),
         python_call_us=value("python_call_us", data.get("python_call_us")),
         includes_copy_submission=bool(data.get("includes_copy_submission", False)),
+        holds_gil=bool(data.get("holds_gil", False)),
         sources=sources,
     )

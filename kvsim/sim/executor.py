@@ -57,7 +57,9 @@ class CountingEnvironment(simpy.Environment):
 @dataclass(frozen=True)
 class SimOptions:
     lock_policy: str = "reader"
-    copy_path: str = "auto"  # auto (KVCM2's choice) | ce-page | ce-batch | kernel
+    # auto: KVCM2's rule (kernel on coherent links, ce-batch on PCIe); select: the cheapest path
+    # by the model (what the hardware executor's selector does); or a fixed path.
+    copy_path: str = "auto"
     kernel_ctas: int | None = None  # None: KVCM2's grid policy
     kernel_inflight_bytes: int | None = None  # None: the preset's reference depth
     aligned: bool = True  # False: pool layout forces the alignment-agnostic kernel
@@ -95,8 +97,8 @@ class SimExecutor:
         self.cpu = cpu
         self.options = options or SimOptions()
         opt = self.options
-        if opt.copy_path != "auto" and opt.copy_path not in PATHS:
-            raise ValueError(f"copy_path must be auto or one of {', '.join(PATHS)}")
+        if opt.copy_path not in ("auto", "select") and opt.copy_path not in PATHS:
+            raise ValueError(f"copy_path must be auto, select or one of {', '.join(PATHS)}")
         self.env = CountingEnvironment()
         self.lock = ReentrantSharedMutex(self.env, opt.lock_policy)
         self.gil = Gil(self.env)
@@ -183,7 +185,11 @@ class SimExecutor:
         rec.cpu_s = self.cpu.seconds(counts)
         rec.cpu_terms_us = self.cpu.terms_us(counts)
         if rec.cpu_s:
+            if self.cpu.holds_gil:  # a Python manager computes holding the GIL
+                yield from self._take_gil(thread, call.api)
             yield self._delay(rec.cpu_s)
+            if self.cpu.holds_gil:
+                self.gil.release_fully(thread)
         if not self.cpu.includes_copy_submission:
             rec.submit_s = sum(host_seconds(self.hw, self.stream.request_for(b))
                                for b in copies if b.kind != "intra")

@@ -29,13 +29,22 @@ class CopyStream:
         self.inflight_bytes = inflight_bytes
         self.aligned = aligned
         self.records: list[CopyRecord] = []
+        self._selector = None
         self._queue: simpy.Store = simpy.Store(env)
         env.process(self._drain())
 
     def request_for(self, batch: CopyBatch) -> CopyRequest:
-        return CopyRequest(self.path_for[batch.kind], batch.kind, batch.page_bytes,
-                           batch.num_pages, self.ctas, self.inflight_bytes,
-                           aligned=self.aligned)
+        path, ctas = self.path_for[batch.kind], self.ctas
+        if path == "select":  # the hardware executor's selector: cheapest path by the model
+            from hw.copy_select import CopySelector
+
+            if self._selector is None:
+                self._selector = CopySelector(self.hw)
+            sel = self._selector.choose(batch.kind, batch.pool_slot_bytes, batch.num_pages,
+                                        self.aligned)
+            path, ctas = sel.path, sel.estimate.ctas
+        return CopyRequest(path, batch.kind, batch.page_bytes, batch.num_pages, ctas,
+                           self.inflight_bytes, aligned=self.aligned)
 
     def submit(self, batch: CopyBatch, thread: str, api: str) -> simpy.Event:
         done = self.env.event()

@@ -76,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvsim.calibration import calibrate
 
     calibrate.add_parser(sub)
+    from kvsim.calibration import validate
+
+    validate.add_parser(sub)
     return parser
 
 

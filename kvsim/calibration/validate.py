@@ -1,0 +1,197 @@
+"""``kvsim validate``: the simulator's predictions against hardware-executor measurements.
+
+Inputs: one scenario, one or more results directories the hardware executor wrote for it (runs of
+``kvsim run SCENARIO`` with ``executor: hw``), and optionally the copy-bench measurement the
+copy model was fitted to. The scenario is re-run in the simulator (``executor: sim``, same
+manager, workload and seed; the hardware and CPU presets given) and compared:
+
+* copy batches: the copy model against every held-out batch of the copy-bench measurement with
+  16 KiB-4 MiB pages (all paths, both directions), and against each copy batch of the runs;
+* burst resize: per growth ``resize()`` call, host time and call-to-copies-done time;
+* probes: ``probe_reuse`` latency p50/p99 over all probes and over those overlapping an exclusive
+  hold; a two-sample Kolmogorov-Smirnov statistic between measured and predicted samples, and a
+  +-10 % equivalence verdict from a bootstrap 90 % interval of measured/predicted.
+
+Absolute percentage error = |predicted - measured| / measured x 100.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.errors import KvsimError
+
+
+def ape(pred: float, meas: float) -> float:
+    return abs(pred - meas) / meas * 100 if meas else float("nan")
+
+
+def ks_statistic(a: list[float], b: list[float]) -> float:
+    a, b = np.sort(a), np.sort(b)
+    grid = np.concatenate([a, b])
+    return float(np.max(np.abs(np.searchsorted(a, grid, "right") / a.size
+                               - np.searchsorted(b, grid, "right") / b.size)))
+
+
+def equivalence(measured: list[float], predicted: float, q: float, seed: int = 0) -> dict:
+    """Bootstrap 90 % interval of (measured quantile q) / predicted; equivalent within +-10 %
+    when the whole interval lies in [0.9, 1.1]."""
+    rng = np.random.default_rng(seed)
+    m = np.asarray(measured)
+    boots = [np.quantile(rng.choice(m, m.size), q) / predicted for _ in range(500)]
+    lo, hi = (float(x) for x in np.quantile(boots, [0.05, 0.95]))
+    return {"ratio_ci90": [lo, hi], "equivalent_10pct": bool(lo >= 0.9 and hi <= 1.1)}
+
+
+def _growth(results: dict) -> list[dict]:
+    return [c for c in results["calls"] if c["phase"] == "growth" and c["api"] == "KvCache.resize"]
+
+
+def _probes(results: dict, during: bool | None) -> list[float]:
+    holds = [(c["lock_granted_ms"], c["lock_released_ms"]) for c in results["calls"]
+             if c["mode"] == "exclusive" and c.get("lock_granted_ms") is not None
+             and c.get("lock_released_ms") is not None] if "mode" in results["calls"][0] else []
+    out = []
+    for c in results["calls"]:
+        if c["api"] != "KVCacheManager.probe_reuse" or c.get("latency_ms") is None:
+            continue
+        if during is None:
+            out.append(c["latency_ms"])
+            continue
+        end = c["start_ms"] + c["latency_ms"]
+        hit = any(c["start_ms"] < r and end > g for g, r in holds)
+        if hit == during:
+            out.append(c["latency_ms"])
+    return out
+
+
+def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None,
+             cpu_model: str | None, copy_measurement: str | None) -> dict:
+    from kvsim.scenario.run import execute, load_scenario
+
+    overrides = ["executor=sim"]
+    if hardware:
+        overrides.append(f"hardware={hardware}")
+    if cpu_model:
+        overrides.append(f"cpu_model={cpu_model}")
+    scenario = load_scenario(scenario_path, overrides)
+    predicted = execute(scenario)
+    runs = [json.loads((d / "results.json").read_text()) for d in measured_dirs]
+    if not runs:
+        raise KvsimError("validate needs at least one --measured results directory")
+    for d, r in zip(measured_dirs, runs):
+        if r.get("executor") != "hw":
+            raise KvsimError(f"{d}/results.json: executor is {r.get('executor')!r}, not 'hw'")
+    out: dict = {"scenario": scenario.name, "file": scenario_path, "hardware": predicted["hardware"],
+                 "cpu_model": predicted["cpu_model"], "measured_runs": [str(d) for d in measured_dirs]}
+    # Burst resize: per growth call, medians over the runs.
+    pg = _growth(predicted)
+    rows = []
+    for i, p in enumerate(pg):
+        ms = [_growth(r)[i] for r in runs if len(_growth(r)) > i]
+        host = statistics.median(c["latency_ms"] for c in ms)
+        e2e = statistics.median(c["copies_done_ms"] - c["start_ms"] for c in ms if c.get("copies_done_ms"))
+        p_e2e = p["copies_done_ms"] - p["start_ms"] if p.get("copies_done_ms") else None
+        rows.append({"call": i, "pages": p["offloaded_pages"], "host_ms": {"measured": host, "predicted": p["latency_ms"], "ape_pct": ape(p["latency_ms"], host)},
+                     "end_to_end_ms": {"measured": e2e, "predicted": p_e2e, "ape_pct": ape(p_e2e, e2e) if p_e2e else None},
+                     "cpu_ms": {"measured": statistics.median(c["cpu_ms"] for c in ms), "predicted": p["cpu_ms"]},
+                     "submit_ms": {"measured": statistics.median(c["submit_ms"] for c in ms), "predicted": p["submit_ms"]}})
+    out["burst_resize"] = rows
+    # Copy batches of the runs (in order).
+    batches = []
+    for i, pc in enumerate(predicted["copies"]):
+        meas = [r["copies"][i]["seconds"] for r in runs if len(r["copies"]) > i and r["copies"][i]["seconds"]]
+        if meas and pc["seconds"]:
+            m = statistics.median(meas)
+            batches.append({"kind": pc["kind"], "pages": pc["pages"], "page_bytes": pc["page_bytes"],
+                            "path_predicted": pc["path"], "path_measured": runs[0]["copies"][i]["path"],
+                            "measured_ms": m * 1e3, "predicted_ms": pc["seconds"] * 1e3,
+                            "ape_pct": ape(pc["seconds"], m)})
+    out["run_copy_batches"] = batches
+    # Probes.
+    probe = {}
+    for label, during in (("all", None), ("during_exclusive_hold", True)):
+        meas = [x for r in runs for x in _probes(r, during)]
+        pred = _probes(predicted, during)
+        if not meas or not pred:
+            continue
+        entry = {"measured_count": len(meas), "predicted_count": len(pred),
+                 "ks_statistic": ks_statistic(meas, pred)}
+        for q, name in ((0.5, "p50"), (0.99, "p99")):
+            m, p = float(np.quantile(meas, q)), float(np.quantile(pred, q))
+            entry[name] = {"measured_ms": m, "predicted_ms": p, "ape_pct": ape(p, m),
+                           **equivalence(meas, p, q)}
+        probe[label] = entry
+    out["probe"] = probe
+    if copy_measurement:
+        from kvsim.calibration.copy_fit import KIB, MIB, compare, observations
+        from kvsim.hardware import load_hardware
+
+        meas = json.loads(Path(copy_measurement).read_text())
+        hw = load_hardware(hardware or scenario.hardware)
+        rows_c = [c for c in compare(hw, observations(meas))
+                  if c.observation.role == "judge" and c.observation.section in ("paged_ce", "kernel_page_sweep", "kernel_cta_sweep")
+                  and 16 * KIB <= c.observation.page_bytes <= 4 * MIB and c.observation.aligned]
+        apes = sorted(abs(c.error_pct) for c in rows_c)
+        out["copy_bench"] = {"file": copy_measurement, "rows": len(apes),
+                             "median_ape_pct": statistics.median(apes), "worst_ape_pct": apes[-1],
+                             "selection": "held-out (judge) batches, 16 KiB-4 MiB pages, aligned, all paths, both directions"}
+        prov = meas["provenance"]
+        out["gpu"] = prov.get("gpu_name")
+        out["driver"] = prov.get("nvml_start", {}).get("driver_version")
+    return out
+
+
+def summary(result: dict) -> dict:
+    burst = [r["end_to_end_ms"]["ape_pct"] for r in result["burst_resize"] if r["end_to_end_ms"]["ape_pct"] is not None]
+    probe = result["probe"].get("during_exclusive_hold") or result["probe"].get("all") or {}
+    return {
+        "copy_batch_median_ape_pct": result.get("copy_bench", {}).get("median_ape_pct"),
+        "copy_batch_worst_ape_pct": result.get("copy_bench", {}).get("worst_ape_pct"),
+        "burst_resize_ape_pct": statistics.median(burst) if burst else None,
+        "burst_resize_host_ape_pct": statistics.median(r["host_ms"]["ape_pct"] for r in result["burst_resize"]) if result["burst_resize"] else None,
+        "probe_p50_ape_pct": probe.get("p50", {}).get("ape_pct"),
+        "probe_p99_ape_pct": probe.get("p99", {}).get("ape_pct"),
+        "gpu": result.get("gpu"), "driver": result.get("driver"),
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+    }
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("validate", help="simulator predictions against hardware-executor runs")
+    p.add_argument("scenario")
+    p.add_argument("--measured", required=True, action="append",
+                   help="a results directory of an hw run of the scenario (repeatable)")
+    p.add_argument("--hardware", help="hardware preset or JSON for the simulator")
+    p.add_argument("--cpu-model", help="CPU cost preset or JSON for the simulator")
+    p.add_argument("--copy-measurement", help="the copy-bench JSON the copy model was fitted to")
+    p.add_argument("--out", required=True, help="report directory")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    dirs = [Path(d) for d in args.measured]
+    try:
+        result = validate(args.scenario, dirs, args.hardware, args.cpu_model, args.copy_measurement)
+    except (KvsimError, OSError, ValueError, KeyError) as e:
+        print(f"kvsim validate: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for d in dirs:
+        dst = out / "measured" / d.name
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(d, dst)
+    (out / f"{result['scenario']}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    s = summary(result)
+    print(json.dumps(s, sort_keys=True))
+    return 0

@@ -4,7 +4,8 @@ Each schedule re-runs the scenario (and each of its variants) in the simulator w
 ``sim.schedule_seed`` set: every modelled delay is perturbed by up to ``sim.jitter`` and thread
 starts and lock requests by up to a microsecond, which permutes events that would otherwise be
 simultaneous. A schedule is reported when its run found a lock-discipline or invariant
-violation, a deadlock or a stuck thread; the seed reproduces it with
+violation, a deadlock or a stuck thread, or a starved writer (readers that entered after it made
+it wait); the seed reproduces it with
 ``kvsim run SCENARIO --set sim.schedule_seed=SEED``.
 """
 
@@ -48,12 +49,13 @@ def explore(sf: ScenarioFile, schedules: int, seed: int = 0,
         for i, s in enumerate(seeds):
             res = execute(_with_seed(scenario, s))
             kinds = sorted({v.get("kind", "invariant") for v in res["violations"]}
-                           | {d["kind"] for d in res["deadlocks"]})
+                           | {d["kind"] for d in res["deadlocks"]}
+                           | ({"starvation"} if (res.get("starvation") or {}).get("starved") else set()))
             if kinds:
                 failing.append({"schedule_seed": s, "findings": kinds,
                                 "violations": len(res["violations"]),
                                 "deadlocks": len(res["deadlocks"]),
-                                "first": (res["violations"] or res["deadlocks"])[0]})
+                                "first": (res["violations"] or res["deadlocks"] or [res["starvation"]])[0]})
             if progress is not None and (i + 1) % max(1, schedules // 10) == 0:
                 progress(f"{name}: {i + 1}/{schedules} schedules, {len(failing)} failing")
         out["variants"][name] = {"schedules": schedules, "failing": len(failing),

@@ -39,6 +39,8 @@ class CpuCostModel:
     # True for a manager written in Python: its CPU work runs holding the GIL, so concurrent
     # Python threads queue for it (False for KVCM2's C++, which runs with the GIL released).
     holds_gil: bool = False
+    # CPython's sys.getswitchinterval() default: a waiter asks the holder to drop the GIL after it.
+    gil_switch_interval_us: float = 5000.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def seconds(self, counts: WorkCounts) -> float:

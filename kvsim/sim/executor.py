@@ -101,7 +101,7 @@ class SimExecutor:
             raise ValueError(f"copy_path must be auto, select or one of {', '.join(PATHS)}")
         self.env = CountingEnvironment()
         self.lock = ReentrantSharedMutex(self.env, opt.lock_policy)
-        self.gil = Gil(self.env)
+        self.gil = Gil(self.env, cpu.gil_switch_interval_us * 1e-6)
         self.link = Link(self.env, hardware)
         path = hardware.default_path() if opt.copy_path == "auto" else opt.copy_path
         self.stream = CopyStream(self.env, "migration", self.link, hardware,
@@ -131,17 +131,19 @@ class SimExecutor:
 
     # -- the call pipeline ---------------------------------------------------------------------
     def _call(self, thread: str, call: Call):
+        """One API call (see the module docstring). With a Python manager (the CPU preset's
+        ``holds_gil``) every bit of host work is Python and runs through :meth:`_python`: the
+        thread keeps the GIL across calls and gives it up only when it blocks or is asked to."""
         env, opt = self.env, self.options
+        python_manager = self.cpu.holds_gil
         mode = API_LOCK_MODES.get(call.api, LockMode.NONE)
         rec = CallRecord(len(self.calls), thread, call.phase, call.api, call.args, mode.value,
                          env.now)
         self.calls.append(rec)
         self._current_api[thread] = call.api
         half_python = self.cpu.python_call_us * 0.5e-6
-        yield from self._take_gil(thread, call.api)
-        if half_python:
-            yield self._delay(half_python)
-        if opt.gil_release.get(call.api, True):
+        yield from self._python(thread, half_python, call.api)
+        if not python_manager and opt.gil_release.get(call.api, True):
             self.gil.release_fully(thread)
         if mode is not LockMode.NONE:
             nudge = self._nudge()
@@ -152,6 +154,8 @@ class SimExecutor:
             try:
                 request = self.lock.acquire(thread, mode, call.api)
                 if not request.triggered:
+                    if python_manager:  # threading.Condition.wait releases the GIL
+                        self.gil.release_fully(thread)
                     self._check_deadlock(thread)
                 yield request
             except LockHazardError as e:
@@ -181,19 +185,20 @@ class SimExecutor:
             # The manager calls back into Python under the lock: it needs the GIL.
             yield from self._take_gil(thread, call.api + " (callback)")
             yield self._delay(callbacks * self.cpu.callback_us * 1e-6)
-            self.gil.release(thread)
+            if not python_manager:
+                self.gil.release(thread)
         rec.cpu_s = self.cpu.seconds(counts)
         rec.cpu_terms_us = self.cpu.terms_us(counts)
-        if rec.cpu_s:
-            if self.cpu.holds_gil:  # a Python manager computes holding the GIL
-                yield from self._take_gil(thread, call.api)
+        if python_manager:
+            yield from self._python(thread, rec.cpu_s, call.api)
+        elif rec.cpu_s:
             yield self._delay(rec.cpu_s)
-            if self.cpu.holds_gil:
-                self.gil.release_fully(thread)
         if not self.cpu.includes_copy_submission:
             rec.submit_s = sum(host_seconds(self.hw, self.stream.request_for(b))
                                for b in copies if b.kind != "intra")
-            if rec.submit_s:
+            if python_manager:
+                yield from self._python(thread, rec.submit_s, call.api)
+            elif rec.submit_s:
                 yield self._delay(rec.submit_s)
         done = [self.stream.submit(b, thread, call.api) for b in copies]
         account_copies(rec, copies, counts)
@@ -206,12 +211,29 @@ class SimExecutor:
             all_done = env.all_of(done)
             all_done.callbacks.append(lambda _e, r=rec: setattr(r, "copies_done", env.now))
             if opt.wait_for_copies:
+                if python_manager:  # a stream synchronize blocks without the GIL
+                    self.gil.release_fully(thread)
                 yield all_done
-        yield from self._take_gil(thread, call.api)
-        if half_python:
-            yield self._delay(half_python)
-        self.gil.release_fully(thread)
+        yield from self._python(thread, half_python, call.api)
+        if not python_manager:
+            self.gil.release_fully(thread)
         rec.end = env.now
+
+    def _python(self, thread: str, seconds: float, api: str):
+        """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up
+        mid-way when a waiter's switch interval asks for it (then queues to get it back)."""
+        remaining = seconds
+        while True:
+            yield from self._take_gil(thread, api)
+            if remaining <= 0.0:
+                return
+            start = self.env.now
+            yield self._delay(remaining) | self.gil.drop_requested
+            remaining -= self.env.now - start
+            if remaining <= 1e-12:
+                return
+            self.gil.forced_switches += 1
+            self.gil.release_fully(thread)
 
     def _take_gil(self, thread: str, api: str):
         if self.gil.holds(thread):
@@ -228,8 +250,11 @@ class SimExecutor:
         """Threads ``thread`` waits for: holders of what it waits for (and, under writer
         preference, the writers queued ahead of a waiting reader)."""
         what, _api = self._waiting.get(thread, ("", ""))
+        # A request granted but not yet resumed (same simulated instant) waits for nothing.
         if what == "gil":
             return [self.gil.owner] if self.gil.owner not in (None, thread) else []
+        if what == "lock" and (self.lock.owner == thread or thread in self.lock.readers):
+            return []
         if what == "lock":
             out = [t for t in self.lock.holders() if t != thread]
             mine = [m for t, m in self.lock.waiting_threads() if t == thread]
@@ -285,12 +310,15 @@ class SimExecutor:
             if isinstance(step, Call):
                 yield from self._call(name, step)
             elif isinstance(step, Sleep):
+                self.gil.release_fully(name)  # sleeping threads do not hold the GIL
                 yield self.env.timeout(step.seconds)
             elif isinstance(step, Until):
+                self.gil.release_fully(name)
                 if step.time > self.env.now:
                     yield self.env.timeout(step.time - self.env.now)
             else:
                 raise TypeError(f"unknown workload step {step!r}")
+        self.gil.release_fully(name)
         self._alive.discard(name)
 
     def run(self, threads: Mapping[str, Iterator[Step]], until: float | None = None) -> SimRun:

@@ -118,3 +118,33 @@ def test_gil_is_fifo_and_reentrant():
     env.run()
     assert log == [("a", 0), ("b", 3), ("c", 4)]
     assert gil.wait_s == {"b": 2, "c": 2}
+
+
+def test_a_waiter_forces_a_switch_after_the_switch_interval():
+    env = simpy.Environment()
+    gil = Gil(env, switch_interval_s=5.0)
+    log = []
+
+    def hog():  # runs Python for 20 s, honouring drop requests like SimExecutor._python
+        remaining = 20.0
+        while remaining > 0:
+            yield gil.acquire("hog")
+            start = env.now
+            yield env.timeout(remaining) | gil.drop_requested
+            remaining -= env.now - start
+            gil.release_fully("hog")
+            log.append(("hog-off", env.now))
+
+    def waiter():
+        yield env.timeout(1.0)
+        yield gil.acquire("w")
+        log.append(("w-on", env.now))
+        yield env.timeout(1.0)
+        gil.release_fully("w")
+
+    env.process(hog())
+    env.process(waiter())
+    env.run()
+    assert ("w-on", 6.0) in log  # asked at 1, no switch for 5 s: the hog drops at 6
+    assert log[-1] == ("hog-off", 21.0)  # the hog resumed at 7 and finished its 20 s
+    assert gil.acquisitions == 3

@@ -131,6 +131,8 @@ def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None
                            **equivalence(meas, p, q)}
         probe[label] = entry
     out["probe"] = probe
+    out["_samples"] = {"measured": [x for r in runs for x in _probes(r, None)],
+                       "predicted": _probes(predicted, None)}
     if copy_measurement:
         from kvsim.calibration.copy_fit import KIB, MIB, compare, observations
         from kvsim.hardware import load_hardware
@@ -191,7 +193,66 @@ def run(args: argparse.Namespace) -> int:
         if dst.exists():
             shutil.rmtree(dst)
         shutil.copytree(d, dst)
+    samples = result.pop("_samples")
+    _figures(result, samples, out)
     (out / f"{result['scenario']}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    s = summary(result)
-    print(json.dumps(s, sort_keys=True))
+    combined = combine([json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
+                        if p.name != "summary.json"])
+    (out / "summary.json").write_text(json.dumps(combined, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(summary(result), sort_keys=True))
     return 0
+
+
+def _figures(result: dict, samples: dict, out: Path) -> None:
+    from kvsim.report.figures import new_figure, save
+
+    name = result["scenario"]
+    if samples["measured"] and samples["predicted"]:
+        fig, ax = new_figure()
+        for label in ("measured", "predicted"):
+            v = np.sort(samples[label])
+            ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=f"{label} (n={v.size})")
+        ax.set_xscale("log")
+        ax.set_xlabel("probe_reuse latency (ms)")
+        ax.set_ylabel("fraction of probes")
+        ax.set_title(f"{name}: probe latency, measured (hw) vs predicted (sim)")
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+        save(fig, out / f"{name}-probe-cdf.png")
+    rows = result["burst_resize"]
+    if rows:
+        fig, ax = new_figure()
+        x = np.arange(len(rows))
+        for i, (key, label) in enumerate((("host_ms", "resize() host time"),
+                                          ("end_to_end_ms", "until copies done"))):
+            ax.bar(x + i * 0.4 - 0.3, [r[key]["measured"] or 0 for r in rows], 0.2,
+                   label=f"{label}: measured")
+            ax.bar(x + i * 0.4 - 0.1, [r[key]["predicted"] or 0 for r in rows], 0.2,
+                   label=f"{label}: predicted")
+        ax.set_xticks(x)
+        ax.set_xticklabels([f"call {r['call']}\n{r['pages']} pages" for r in rows], fontsize=7)
+        ax.set_ylabel("ms")
+        ax.set_title(f"{name}: burst resize, measured (median of runs) vs predicted")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3, axis="y")
+        save(fig, out / f"{name}-burst.png")
+
+
+def combine(results: list[dict]) -> dict:
+    """One summary over every scenario validated into the same directory: copy figures from the
+    run that had the copy-bench file, burst figures from burst scenarios (one resize per run),
+    probe figures from runs with probes."""
+    out: dict = {"scenarios": [r["scenario"] for r in results]}
+    for r in results:
+        s = summary(r)
+        if r.get("copy_bench"):
+            out.update({k: s[k] for k in ("copy_batch_median_ape_pct", "copy_batch_worst_ape_pct",
+                                          "gpu", "driver")})
+        if len(r["burst_resize"]) == 1:
+            out["burst_resize_ape_pct"] = s["burst_resize_ape_pct"]
+            out["burst_resize_host_ape_pct"] = s["burst_resize_host_ape_pct"]
+        if r["probe"]:
+            out["probe_p50_ape_pct"] = s["probe_p50_ape_pct"]
+            out["probe_p99_ape_pct"] = s["probe_p99_ape_pct"]
+        out["date"] = s["date"]
+    return out

@@ -63,21 +63,33 @@ def _migration_figure(results: dict, path: Path) -> None:
 
 def _timeline_figure(results: dict, path: Path) -> None:
     """Per thread: lock waits (light) and holds (dark); below, link GB/s per direction."""
-    calls = [c for c in results["calls"] if c.get("lock_granted_ms") is not None]
+    calls = [c for c in results["calls"] if c.get("lock_requested_ms") is not None]
     threads = sorted({c["thread"] for c in results["calls"]})
+    end_ms = results.get("sim", {}).get("end_time_s", results.get("hw", {}).get("end_time_s", 0)) * 1e3
     fig, (ax, ax_link) = new_figure(9.0, 6.0, rows=2)
     for row, thread in enumerate(threads):
         mine = [c for c in calls if c["thread"] == thread]
-        waits = [(c["start_ms"] + (c["lock_granted_ms"] - c["start_ms"] - c["lock_wait_ms"]),
-                  c["lock_wait_ms"]) for c in mine if c["lock_wait_ms"]]
-        holds = [(c["lock_granted_ms"], c["lock_released_ms"] - c["lock_granted_ms"])
-                 for c in mine if c["lock_released_ms"] is not None]
-        ax.broken_barh(waits, (row - 0.4, 0.8), facecolors="#f4b183", label="wait" if row == 0 else None)
+        # A wait never granted, or a hold never released (a deadlock), runs to the end of the run.
+        waits = [(c["lock_requested_ms"], (c["lock_granted_ms"] if c["lock_granted_ms"] is not None
+                                           else end_ms) - c["lock_requested_ms"]) for c in mine]
+        holds = [(c["lock_granted_ms"], (c["lock_released_ms"] if c["lock_released_ms"] is not None
+                                         else end_ms) - c["lock_granted_ms"])
+                 for c in mine if c["lock_granted_ms"] is not None]
+        ax.broken_barh([w for w in waits if w[1] > 0], (row - 0.4, 0.8), facecolors="#f4b183",
+                       label="wait" if row == 0 else None)
         ax.broken_barh(holds, (row - 0.4, 0.8), facecolors="#2f5597", label="hold" if row == 0 else None)
+    marks = [(v["time"], v["thread"], "violation") for v in results["violations"] if "time" in v]
+    marks += [(d["time"], t["thread"], "deadlock") for d in results["deadlocks"]
+              if d["kind"] == "deadlock" for t in d["cycle"]]
+    for kind, marker in (("violation", "x"), ("deadlock", "X")):
+        pts = [(t * 1e3, threads.index(th)) for t, th, k in marks if k == kind and th in threads]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, color="red",
+                       s=60, zorder=5, label=kind)
     ax.set_yticks(range(len(threads)))
     ax.set_yticklabels(threads, fontsize=7)
     ax.set_title("Manager lock: waits and holds per thread")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     ax.grid(alpha=0.3, axis="x")
     segs = results.get("link", {}).get("segments", [])
     if segs:
@@ -240,7 +252,7 @@ def write_report(results: dict, out_dir: Path) -> None:
         lines += ["", "## Tier occupancy", "", "![occupancy](occupancy.png)", "",
                   "## Migrations", "", "![migrations](migrations.png)", ""]
     if results["violations"]:
-        lines += ["## Invariant violations", ""]
+        lines += ["## Violations (lock discipline and invariants)", ""]
         lines += [f"* call {v['index']} `{v['api']}`: {v['problem']}" for v in results["violations"][:50]]
         lines.append("")
     (out_dir / "report.md").write_text("\n".join(lines))

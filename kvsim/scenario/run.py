@@ -292,6 +292,7 @@ def _sim_record(c) -> dict:
         "index": c.index, "thread": c.thread, "phase": c.phase, "api": c.api, "args": c.args,
         "mode": c.mode, "ok": c.ok, "result": c.result if isinstance(c.result, bool) else None,
         "start_ms": ms(c.start), "latency_ms": ms(c.latency), "lock_wait_ms": ms(c.lock_wait),
+        "lock_requested_ms": ms(c.lock_requested),
         "lock_granted_ms": ms(c.lock_granted), "lock_released_ms": ms(c.lock_released),
         "cpu_ms": ms(c.cpu_s), "submit_ms": ms(c.submit_s),
         "copies_done_ms": ms(c.copies_done),

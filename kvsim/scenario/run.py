@@ -29,6 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,15 @@ from kvsim.manager import KVCacheManager
 from kvsim.manager.invariants import find_violations
 from kvsim.scenario.schema import Scenario, Variant, parse_scenario
 from kvsim.scenario.source import ScenarioError, Source, apply_overrides, load_yaml
-from kvsim.workloads import burst_resize, concurrent_probe, gil_antagonist, seed_concurrency
-from kvsim.workloads.steps import Call, Workload
+from kvsim.workloads import (
+    burst_resize,
+    concurrent_probe,
+    gil_antagonist,
+    mooncake,
+    op_trace,
+    seed_concurrency,
+)
+from kvsim.workloads.steps import Call, Sleep, Until, Workload
 
 RESULTS_SCHEMA_VERSION = 1
 CSV_FIELDS = ("index", "thread", "phase", "api", "ok", "start_ms", "latency_ms", "lock_wait_ms",
@@ -94,6 +102,8 @@ WORKLOAD_BUILDERS = {
     "concurrent_probe": concurrent_probe.workload,
     "gil_antagonist": gil_antagonist.workload,
     "seed_concurrency": seed_concurrency.workload,
+    "mooncake": mooncake.workload,
+    "op_trace": op_trace.workload,
 }
 
 
@@ -150,11 +160,8 @@ def _execute_plan(scenario: Scenario) -> dict:
 
     for call in workload.setup:
         run(call, "setup")
-    threads = workload.make_threads()
-    for name in sorted(threads):
-        for step in threads[name]:
-            if isinstance(step, Call):
-                run(step, name)
+    for name, call in _merge_by_time(workload.make_threads()):
+        run(call, name)
     per_api: dict[str, dict[str, int]] = {}
     for r in records:
         row = per_api.setdefault(r["api"], {"count": 0, "ok": 0, "failed": 0})
@@ -166,6 +173,29 @@ def _execute_plan(scenario: Scenario) -> dict:
         "starvation": None,
         "deadlocks": [],
     }
+
+
+def _merge_by_time(threads: dict) -> Iterator[tuple[str, Call]]:
+    """The threads' calls in the order of their nominal times (``Until``/``Sleep``; calls take no
+    time here), ties by thread name: a plan-only replay of concurrent threads."""
+    import heapq
+
+    clocks = {name: 0.0 for name in threads}
+    heap = [(0.0, name) for name in sorted(threads)]
+    heapq.heapify(heap)
+    while heap:
+        _, name = heapq.heappop(heap)
+        for step in threads[name]:
+            if isinstance(step, Call):
+                yield name, step
+                heapq.heappush(heap, (clocks[name], name))
+                break
+            if isinstance(step, Sleep):
+                clocks[name] += step.seconds
+            elif isinstance(step, Until):
+                clocks[name] = max(clocks[name], step.time)
+            heapq.heappush(heap, (clocks[name], name))
+            break
 
 
 # -- the sim executor --------------------------------------------------------------------------

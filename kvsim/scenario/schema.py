@@ -59,6 +59,12 @@ Schema (``*`` = required)::
       probe_interval_us: float >= 0            # think time between one thread's probes
       probe_tokens: int >= 1                   # tokens per probe (a filler's committed prefix)
       resize_start_us: float >= 0              # when the background resize starts
+      # mooncake (timed replay of a Mooncake JSONL trace; see kvsim/workloads/mooncake.py):
+      trace*: path (relative to this file)
+      max_requests, time_scale, decode_step_tokens, decode_token_interval_us,
+      prefill_token_interval_us, decode_resize, probe_on_arrival, client_threads, skip_bad_lines
+      # op_trace (faithful replay of a JSONL op trace; format in kvsim/traces/op_trace.py):
+      trace*: path, skip_bad_lines
     hw:                             # hw executor options (lock policy, copy path, waits and
                                     # checks come from `sim:`)
       copier: cuda | none           # none: real threads and lock, no copies (no GPU needed)
@@ -82,13 +88,16 @@ from kvsim.scenario.source import PathKey, Source
 from kvsim.workloads.burst_resize import BurstResizeWorkload
 from kvsim.workloads.concurrent_probe import ConcurrentProbeWorkload
 from kvsim.workloads.gil_antagonist import GilAntagonistWorkload
+from kvsim.workloads.mooncake import MooncakeReplayWorkload
+from kvsim.workloads.op_trace import OpTraceWorkload
 from kvsim.workloads.seed_concurrency import SeedConcurrencyWorkload
 
 _REQUIRED = object()
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 EXECUTORS = ("plan", "sim", "hw")
-WORKLOADS = ("burst_resize", "concurrent_probe", "gil_antagonist", "seed_concurrency")
+WORKLOADS = ("burst_resize", "concurrent_probe", "gil_antagonist", "seed_concurrency", "mooncake",
+             "op_trace")
 COPY_PATHS = ("auto", "select", "ce-page", "ce-batch", "kernel")
 
 
@@ -293,6 +302,10 @@ PROBE_KEYS = {"background", "probe_threads", "probes_per_thread", "probe_interva
 
 
 GIL_KEYS = {"iterations", "setter_calls", "tokens", "priority", "victim_start_us"}
+MOONCAKE_KEYS = {"trace", "max_requests", "time_scale", "decode_step_tokens",
+                 "decode_token_interval_us", "prefill_token_interval_us", "decode_resize",
+                 "probe_on_arrival", "client_threads", "skip_bad_lines"}
+OP_TRACE_KEYS = {"trace", "skip_bad_lines"}
 SEED_KEYS = PROBE_KEYS | {"stats_queries", "stats_interval_us", "drop_tokens"}
 
 
@@ -309,7 +322,30 @@ def _probe(f: Fields) -> ConcurrentProbeWorkload:
 
 def _workload(data: object, source: Source):
     kind = Fields(data, source, ("workload",),
-                  {"kind"} | BURST_KEYS | SEED_KEYS | GIL_KEYS).str("kind", choices=WORKLOADS)
+                  {"kind"} | BURST_KEYS | SEED_KEYS | GIL_KEYS | MOONCAKE_KEYS).str(
+        "kind", choices=WORKLOADS)
+    if kind == "mooncake":
+        f = Fields(data, source, ("workload",), {"kind"} | MOONCAKE_KEYS)
+        threads = f.raw("client_threads", None)
+        try:
+            return MooncakeReplayWorkload(
+                trace=_trace_path(f, source),
+                max_requests=None if f.raw("max_requests", None) is None
+                else f.int("max_requests", minimum=1),
+                time_scale=f.float("time_scale", 1.0, 0.0, 1e9),
+                decode_step_tokens=f.int("decode_step_tokens", 32, minimum=1),
+                decode_token_interval_us=f.float("decode_token_interval_us", 20000.0, 0.0, 1e12),
+                prefill_token_interval_us=f.float("prefill_token_interval_us", 0.0, 0.0, 1e12),
+                decode_resize=f.bool("decode_resize", True),
+                probe_on_arrival=f.bool("probe_on_arrival", True),
+                client_threads=None if threads is None else f.int("client_threads", minimum=1),
+                skip_bad_lines=f.bool("skip_bad_lines", False))
+        except ConfigError as e:
+            raise f.error("kind", str(e)) from None
+    if kind == "op_trace":
+        f = Fields(data, source, ("workload",), {"kind"} | OP_TRACE_KEYS)
+        return OpTraceWorkload(trace=_trace_path(f, source),
+                               skip_bad_lines=f.bool("skip_bad_lines", False))
     if kind == "burst_resize":
         return _burst(Fields(data, source, ("workload",), {"kind"} | BURST_KEYS))
     if kind == "concurrent_probe":
@@ -328,6 +364,19 @@ def _workload(data: object, source: Source):
         stats_queries=f.int("stats_queries", 50, minimum=1),
         stats_interval_us=f.float("stats_interval_us", 20.0, 0.0, 1e9),
         drop_tokens=f.int("drop_tokens", 256, minimum=1))
+
+
+def _trace_path(f: Fields, source: Source) -> str:
+    """A trace path relative to the scenario file (absolute paths as given); it must exist."""
+    from pathlib import Path
+
+    raw = f.str("trace")
+    path = Path(raw)
+    if not path.is_absolute():
+        path = Path(source.filename).parent / path
+    if not path.exists():
+        raise f.error("trace", f"no such file: {path}")
+    return str(path)
 
 
 def _sim(f: Fields) -> SimSettings:

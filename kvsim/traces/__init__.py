@@ -182,9 +182,10 @@ def mix64(x: np.ndarray) -> np.ndarray:
 def stream_tokens(domain: int, key: int, start: int, count: int) -> np.ndarray:
     """Tokens ``start .. start + count - 1`` of the stream named by ``(domain, key)``, as uint32.
 
-    Token ``i`` is the low 32 bits of ``mix64(mix64(domain, key) + i)``: it depends only on
-    the stream and the position, so two requests using the same stream share every prefix, and
-    any slice can be made on its own (a commit continuing where the previous one stopped).
+    Token ``i`` is the low 32 bits of ``mix64(s + i)`` with ``s = mix64(mix64(domain) XOR key)``
+    (wrapping uint64 arithmetic): it depends only on the stream and the position, so two
+    requests using the same stream share every prefix, and any slice can be made on its own (a
+    commit continuing where the previous one stopped).
     """
     seed = (int(mix64(np.array([domain & _MASK64], dtype=np.uint64))[0]) ^ (key & _MASK64))
     base = int(mix64(np.array([seed], dtype=np.uint64))[0])

@@ -1,0 +1,193 @@
+"""Benchmarks of the Mooncake replays (figures for notes, not tests).
+
+* ``cache_only``: the cache-only replay (:mod:`kvsim.replay.cache_only`) of a whole trace at one
+  capacity (default 3M tokens, 512 tokens per block). Timed: ``time.perf_counter`` around
+  ``replay_cache`` (building the manager, synthesising tokens, every manager call); loading the
+  trace is timed apart. Reports wall seconds, requests/s, manager blocks/s (prompt blocks of
+  ``tokens_per_block`` tokens) and manager calls/s. Target: < 5 s for the 3,993-request synthetic
+  trace.
+* ``timed``: the timed replay (:mod:`kvsim.workloads.mooncake`) through the SimPy executor, 32
+  tokens per block (one full-attention layer, GPU and host tiers of :data:`TIMED_GPU_TOKENS` and
+  :data:`TIMED_HOST_TOKENS`), h200-sxm and the kvcm2-cpp CPU model, invariant and lock-discipline
+  checks off (each is a from-scratch scan of the manager per call). Timed: ``perf_counter``
+  around ``SimExecutor.run``. Reports wall seconds, simulated seconds, calls and SimPy events per
+  second. Target: < 30 s on a 2-core machine.
+
+Run: ``python -m kvsim.bench.replay [TRACE] [--capacity-tokens N] [--timed] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_TRACE = "../shared/traces/mooncake_synthetic_trace.jsonl"
+TIMED_TOKENS_PER_BLOCK = 32
+TIMED_GPU_TOKENS = 3_000_000
+TIMED_HOST_TOKENS = 10_000_000
+TIMED_SLOT_BYTES = (8192, 8192)  # per 32-token block: K and V of one modelled layer
+
+
+def _machine() -> dict:
+    return {"python": platform.python_version(), "cpus": os.cpu_count(),
+            "processor": platform.machine()}
+
+
+def cache_only(trace_path: str, capacity_tokens: int = 3_000_000, tokens_per_block: int = 512,
+               runs: int = 1) -> dict:
+    from kvsim.replay.cache_only import max_hit_rate, replay_cache
+    from kvsim.traces.mooncake import load_mooncake
+
+    t0 = time.perf_counter()
+    trace = load_mooncake(trace_path)
+    load_s = time.perf_counter() - t0
+    walls, cpus = [], []
+    result = None
+    for _ in range(runs):
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = replay_cache(trace, capacity_tokens, tokens_per_block)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    assert result is not None
+    wall = statistics.median(walls)
+    blocks = sum(-(-r.input_length // tokens_per_block) for r in trace.requests)
+    calls = 5 * (result.requests - result.oversized_requests) + result.oversized_requests
+    return {
+        "benchmark": "replay_cache_only",
+        "trace": trace_path,
+        "timing": f"perf_counter around replay_cache, median of {runs}",
+        "capacity_tokens": capacity_tokens,
+        "tokens_per_block": tokens_per_block,
+        "requests": result.requests,
+        "prompt_blocks": blocks,
+        "manager_calls": calls,
+        "hit_rate": result.hit_rate,
+        "max_hit_rate": max_hit_rate(trace, tokens_per_block),
+        "load_s": load_s,
+        "wall_s": wall,
+        "cpu_s": statistics.median(cpus),  # process CPU time: less sensitive to other load
+        "samples_s": walls,
+        "requests_per_s": result.requests / wall,
+        "blocks_per_s": blocks / wall,
+        "calls_per_s": calls / wall,
+        "machine": _machine(),
+    }
+
+
+def timed_config(tokens_per_block: int = TIMED_TOKENS_PER_BLOCK, enable_stats: bool = True):
+    from kvsim.manager import LayerConfig, LevelConfig, ManagerConfig
+
+    page = sum(TIMED_SLOT_BYTES)
+    return ManagerConfig(
+        layers=(LayerConfig(slot_bytes=TIMED_SLOT_BYTES),),
+        levels=(LevelConfig("gpu", TIMED_GPU_TOKENS // tokens_per_block * page),
+                LevelConfig("host", TIMED_HOST_TOKENS // tokens_per_block * page)),
+        tokens_per_block=tokens_per_block,
+        enable_stats=enable_stats,
+    )
+
+
+def timed(trace_path: str, max_requests: int | None = None, client_threads: int | None = None,
+          decode_step_tokens: int = 32, check: bool = False, hardware: str = "h200-sxm",
+          cpu_model: str = "kvcm2-cpp", enable_stats: bool = True,
+          probe_on_arrival: bool = True) -> dict:
+    from kvsim.hardware import load_hardware
+    from kvsim.manager import KVCacheManager
+    from kvsim.sim.cpu_cost import load_cpu_model
+    from kvsim.sim.executor import SimExecutor, SimOptions
+    from kvsim.traces.mooncake import load_mooncake
+    from kvsim.workloads.mooncake import MooncakeReplayWorkload, build
+
+    trace = load_mooncake(trace_path)
+    config = timed_config(enable_stats=enable_stats)
+    manager = KVCacheManager(config)
+    spec = MooncakeReplayWorkload(trace=trace_path, max_requests=max_requests,
+                                  client_threads=client_threads,
+                                  decode_step_tokens=decode_step_tokens,
+                                  probe_on_arrival=probe_on_arrival)
+    workload, stats = build(config, spec, manager, trace=trace)
+    executor = SimExecutor(manager, load_hardware(hardware), load_cpu_model(cpu_model),
+                           SimOptions(check_invariants=check, check_lock_discipline=check))
+    t0, c0 = time.perf_counter(), time.process_time()
+    run = executor.run(workload.make_threads())
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    failed = sum(1 for c in run.calls if not c.ok)
+    return {
+        "benchmark": "replay_timed_sim",
+        "trace": trace_path,
+        "timing": "perf_counter around SimExecutor.run (threads, manager calls, SimPy)",
+        "tokens_per_block": config.tokens_per_block,
+        "gpu_tokens": TIMED_GPU_TOKENS, "host_tokens": TIMED_HOST_TOKENS,
+        "hardware": hardware, "cpu_model": cpu_model,
+        "checks": check,
+        "enable_stats": enable_stats,
+        "probe_on_arrival": probe_on_arrival,
+        "client_threads": client_threads,
+        "decode_step_tokens": decode_step_tokens,
+        "requests": stats.requests,
+        "replay": stats.to_dict() | {"failed_requests": len(stats.failed_requests)},
+        "calls": len(run.calls),
+        "failed_calls": failed,
+        "stuck_threads": len(run.stuck),
+        "sim_end_s": run.end_time,
+        "events": run.events_processed,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "requests_per_s": stats.requests / wall,
+        "calls_per_s": len(run.calls) / wall,
+        "events_per_s": run.events_processed / wall,
+        "machine": _machine(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvsim.bench.replay", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", nargs="?", default=DEFAULT_TRACE)
+    p.add_argument("--capacity-tokens", type=int, default=3_000_000)
+    p.add_argument("--tokens-per-block", type=int, default=512)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--timed", action="store_true", help="also the timed replay (sim executor)")
+    p.add_argument("--timed-only", action="store_true")
+    p.add_argument("--max-requests", type=int, help="timed replay: first N requests only")
+    p.add_argument("--client-threads", type=int, help="timed replay: N client threads")
+    p.add_argument("--decode-step-tokens", type=int, default=32)
+    p.add_argument("--check", action="store_true", help="timed replay: invariant checks on")
+    p.add_argument("--no-stats", action="store_true",
+                   help="timed replay: manager statistics off (enable_stats=False)")
+    p.add_argument("--no-probe", action="store_true",
+                   help="timed replay: no probe_reuse on arrival")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    if not Path(args.trace).exists():
+        print(f"{args.trace}: no such trace", file=sys.stderr)
+        return 2
+    out = []
+    if not args.timed_only:
+        out.append(cache_only(args.trace, args.capacity_tokens, args.tokens_per_block, args.runs))
+    if args.timed or args.timed_only:
+        out.append(timed(args.trace, args.max_requests, args.client_threads,
+                         args.decode_step_tokens, args.check,
+                         enable_stats=not args.no_stats, probe_on_arrival=not args.no_probe))
+    for result in out:
+        if args.json:
+            print(json.dumps(result, sort_keys=True))
+        else:
+            print(result["benchmark"])
+            for key, value in result.items():
+                if key not in ("benchmark", "machine", "samples_s", "replay"):
+                    print(f"  {key:>18}: {value}")
+            if "replay" in result:
+                print(f"  {'replay':>18}: {result['replay']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

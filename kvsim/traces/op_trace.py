@@ -1,0 +1,331 @@
+"""Op traces: one manager API call a line (JSONL), for faithful replay and for recording runs.
+
+Each line is a JSON object::
+
+    {"t": 0.0125, "thread": "req3", "op": "commit", "cache": "c3", "token_count": 512,
+     "token_seed": 3, "token_offset": 1024}
+
+Keys (``*`` = required):
+
+``t``\\*
+    seconds since the threads started (int or float >= 0); never decreasing within one thread
+    (threads are independent of one another). The replay waits until ``t`` before the call.
+``thread``\\*
+    non-empty string: the client thread issuing the call; each thread replays in file order.
+``op``\\*
+    one of ``create_kv_cache``, ``resume``, ``suspend``, ``close``, ``resize``, ``commit``,
+    ``stop_committing``, ``probe_reuse``, ``get_and_reset_iteration_stats``.
+``cache``
+    non-empty string naming a KV cache; required by every cache op and by ``create_kv_cache``
+    (it becomes the manager's ``cache_id``), not allowed on the others. A cache op on an id that
+    no earlier ``create_kv_cache`` created fails at replay time (a failed call, not a parse
+    error), naming the trace line.
+``tokens``
+    a list of token ids (ints in ``[0, 2**32)``): the prompt of ``create_kv_cache`` (optional,
+    default none), the tokens of ``commit`` or ``probe_reuse`` (required, or the next three).
+``token_count``, ``token_seed``, ``token_offset``
+    synthesised tokens instead of a list: tokens ``token_offset .. token_offset + token_count - 1``
+    of the deterministic stream ``token_seed`` (ints >= 0; seed and offset default to 0).
+    Token ``i`` of a stream depends only on the seed and ``i``, so equal seeds share prefixes and a
+    ``commit`` continues a prompt by setting ``token_offset`` to the tokens already committed.
+``capacity``, ``history_length``
+    ``resize`` only: capacity (required) and history (optional) in tokens, ints >= 0.
+``scope``
+    ``create_kv_cache`` and ``probe_reuse`` only: the reuse scope (int or string; default the
+    manager's, 0).
+``ok``, ``result``, ``error``, ``duration_s``
+    optional, what a recorded run observed (``ok`` bool, ``result`` bool/int/null, ``error``
+    string, ``duration_s`` number >= 0). Kept by the parser and written back by the writer, ignored
+    by the replay, which records its own outcome.
+
+Any other key is an error (a misspelt argument must not be silently dropped). The parser reports
+bad lines as ``FILE:LINE: FIELD: rule`` (:mod:`kvsim.traces`); :func:`write_op_trace` and
+:class:`OpTraceWriter` write the same format back (keys in a fixed order, nothing omitted that
+was set), so ``load(write(ops)) == ops``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import IO
+
+import numpy as np
+
+from kvsim.traces import (
+    LineError,
+    SkippedLine,
+    check_int,
+    check_number,
+    read_jsonl,
+    skip_summary,
+    stream_tokens,
+)
+
+OPS = ("create_kv_cache", "resume", "suspend", "close", "resize", "commit", "stop_committing",
+       "probe_reuse", "get_and_reset_iteration_stats")
+CACHE_OPS = ("create_kv_cache", "resume", "suspend", "close", "resize", "commit", "stop_committing")
+TOKEN_OPS = ("create_kv_cache", "commit", "probe_reuse")  # may carry tokens
+TOKENS_REQUIRED = ("commit", "probe_reuse")
+SCOPE_OPS = ("create_kv_cache", "probe_reuse")
+OUTCOME_KEYS = ("ok", "result", "error", "duration_s")
+TOKEN_SYNTH_KEYS = ("token_count", "token_seed", "token_offset")
+KEY_ORDER = ("t", "thread", "op", "cache", "tokens", "token_count", "token_seed", "token_offset",
+             "capacity", "history_length", "scope") + OUTCOME_KEYS
+
+_OP_TRACE_DOMAIN = 0x6B767369_6D6F7073  # "kvsimops": the stream domain of token_seed
+
+
+@dataclass(frozen=True)
+class TraceOp:
+    """One call of an op trace; ``None`` marks an argument that is not given."""
+
+    t: float
+    thread: str
+    op: str
+    cache: str | None = None
+    tokens: tuple[int, ...] | None = None
+    token_count: int | None = None
+    token_seed: int | None = None
+    token_offset: int | None = None
+    capacity: int | None = None
+    history_length: int | None = None
+    scope: int | str | None = None
+    ok: bool | None = None
+    result: bool | int | None = None
+    error: str | None = None
+    duration_s: float | None = None
+    line: int = 0  # where it was read (0: not read from a file); not part of the format
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TraceOp):
+            return NotImplemented
+        return self.to_json() == other.to_json()
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_json(), sort_keys=True))
+
+    @property
+    def num_tokens(self) -> int:
+        if self.tokens is not None:
+            return len(self.tokens)
+        return self.token_count or 0
+
+    def token_array(self) -> np.ndarray:
+        """The call's tokens as uint32: the literal list, or the synthesised stream slice."""
+        if self.tokens is not None:
+            return np.asarray(self.tokens, dtype=np.uint32)
+        if self.token_count is None:
+            return np.zeros(0, dtype=np.uint32)
+        return synth_tokens(self.token_seed or 0, self.token_count, self.token_offset or 0)
+
+    def to_json(self) -> dict:
+        """The line's JSON object (only the keys that are set, in the format's key order)."""
+        out: dict = {}
+        for key in KEY_ORDER:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = list(value) if key == "tokens" else value
+        return out
+
+
+def synth_tokens(seed: int, count: int, offset: int = 0) -> np.ndarray:
+    """Tokens ``offset .. offset + count - 1`` of op-trace stream ``seed`` (uint32)."""
+    return stream_tokens(_OP_TRACE_DOMAIN, seed, offset, count)
+
+
+@dataclass(frozen=True)
+class OpTrace:
+    path: str
+    ops: tuple[TraceOp, ...]
+    num_lines: int
+    skipped_lines: int
+    skipped: tuple[SkippedLine, ...]
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    @property
+    def threads(self) -> dict[str, list[TraceOp]]:
+        """Each thread's ops in file order; threads sorted by name."""
+        out: dict[str, list[TraceOp]] = {}
+        for op in self.ops:
+            out.setdefault(op.thread, []).append(op)
+        return dict(sorted(out.items()))
+
+    def skip_summary(self) -> str:
+        return skip_summary(self.path, self.skipped_lines, self.skipped)
+
+
+_KNOWN = frozenset(KEY_ORDER)
+
+
+class _Parser:
+    """Validates one line; remembers each thread's last time (only for accepted lines)."""
+
+    def __init__(self) -> None:
+        self.last_t: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, obj: dict, line: int) -> TraceOp:
+        unknown = sorted(set(obj) - _KNOWN)
+        if unknown:
+            raise LineError(unknown[0], f"unknown key (known: {', '.join(KEY_ORDER)})")
+        t = check_number(obj, "t")
+        for name in ("thread", "op"):
+            if name not in obj:
+                raise LineError(name, "missing field")
+        thread, op = obj["thread"], obj["op"]
+        if not isinstance(thread, str) or not thread:
+            raise LineError("thread", f"must be a non-empty string, got {json.dumps(thread)}")
+        if op not in OPS:
+            raise LineError("op", f"unknown op {json.dumps(op)} (known: {', '.join(OPS)})")
+        kw: dict = {}
+        # cache
+        if op in CACHE_OPS:
+            cache = obj.get("cache")
+            if cache is None:
+                raise LineError("cache", f"missing field (required by {op})")
+            if not isinstance(cache, str) or not cache:
+                raise LineError("cache", f"must be a non-empty string, got {json.dumps(cache)}")
+            kw["cache"] = cache
+        elif "cache" in obj:
+            raise LineError("cache", f"not an argument of {op}")
+        # tokens
+        synth = [k for k in TOKEN_SYNTH_KEYS if k in obj]
+        if op not in TOKEN_OPS:
+            for k in ("tokens", *synth):
+                if k in obj:
+                    raise LineError(k, f"not an argument of {op}")
+        elif "tokens" in obj:
+            if synth:
+                raise LineError(synth[0], "give either tokens or token_count/token_seed/"
+                                "token_offset, not both")
+            tokens = obj["tokens"]
+            if not isinstance(tokens, list):
+                raise LineError("tokens", f"must be a list of token ids, got {type(tokens).__name__}")
+            for i, tok in enumerate(tokens):
+                if type(tok) is not int or not 0 <= tok < 1 << 32:  # noqa: E721 - no bools
+                    raise LineError(f"tokens[{i}]", f"must be an integer in [0, 2**32), got {tok!r}")
+            kw["tokens"] = tuple(tokens)
+        elif synth:
+            if "token_count" not in obj:
+                raise LineError("token_count", f"missing field ({synth[0]} needs it)")
+            for k in TOKEN_SYNTH_KEYS:
+                kw[k] = check_int(obj, k, 0, required=False)
+        elif op in TOKENS_REQUIRED:
+            raise LineError("tokens", f"missing field ({op} needs tokens or token_count)")
+        # resize arguments
+        for k in ("capacity", "history_length"):
+            if k in obj and op != "resize":
+                raise LineError(k, f"not an argument of {op}")
+        if op == "resize":
+            kw["capacity"] = check_int(obj, "capacity", 0)
+            kw["history_length"] = check_int(obj, "history_length", 0, required=False)
+        # scope
+        if "scope" in obj:
+            if op not in SCOPE_OPS:
+                raise LineError("scope", f"not an argument of {op}")
+            scope = obj["scope"]
+            if isinstance(scope, bool) or not isinstance(scope, (int, str)):
+                raise LineError("scope", f"must be an integer or a string, got {json.dumps(scope)}")
+            kw["scope"] = scope
+        # recorded outcome
+        if "ok" in obj:
+            if not isinstance(obj["ok"], bool):
+                raise LineError("ok", f"must be true or false, got {json.dumps(obj['ok'])}")
+            kw["ok"] = obj["ok"]
+        if "result" in obj and obj["result"] is not None:
+            if not isinstance(obj["result"], (bool, int)):
+                raise LineError("result", f"must be a bool, an integer or null, got "
+                                f"{json.dumps(obj['result'])}")
+            kw["result"] = obj["result"]
+        if "error" in obj and obj["error"] is not None:
+            if not isinstance(obj["error"], str):
+                raise LineError("error", f"must be a string, got {json.dumps(obj['error'])}")
+            kw["error"] = obj["error"]
+        if "duration_s" in obj:
+            kw["duration_s"] = check_number(obj, "duration_s")
+        previous = self.last_t.get(thread)
+        if previous is not None and t < previous[0]:
+            raise LineError("t", f"goes backwards on thread {thread!r}: {t} after {previous[0]} "
+                            f"(line {previous[1]})")
+        self.last_t[thread] = (t, line)
+        return TraceOp(t=t, thread=thread, op=op, line=line, **kw)
+
+
+def load_op_trace(path: str | Path, skip_bad_lines: bool = False) -> OpTrace:
+    """Load and validate an op trace; raises :class:`kvsim.traces.TraceError`."""
+    read = read_jsonl(path, _Parser(), skip_bad_lines, what="ops")
+    return OpTrace(str(path), tuple(read.records), read.num_lines, read.skipped_lines, read.skipped)
+
+
+def format_op(op: TraceOp) -> str:
+    """One line of the format (no newline)."""
+    if op.op not in OPS:
+        raise ValueError(f"unknown op {op.op!r}")
+    return json.dumps(op.to_json(), separators=(", ", ": "))
+
+
+class OpTraceWriter:
+    """Streams ops to a file as they happen (a recorder's sink); use as a context manager.
+
+    Writes go to a temporary sibling, renamed over ``path`` on :meth:`close`, so an interrupted
+    recording never leaves a file that looks complete.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.tmp-", dir=self.path.parent)
+        self._tmp = Path(tmp)
+        self._file: IO[str] | None = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        self.num_ops = 0
+
+    def write(self, op: TraceOp) -> None:
+        if self._file is None:
+            raise ValueError("OpTraceWriter: write() after close()")
+        self._file.write(format_op(op) + "\n")
+        self.num_ops += 1
+
+    def close(self) -> None:
+        """Finish the file and move it into place."""
+        if self._file is None:
+            return
+        self._file.close()
+        self._file = None
+        os.replace(self._tmp, self.path)
+
+    def abort(self) -> None:
+        """Discard what was written."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> OpTraceWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_op_trace(path: str | Path, ops: Iterable[TraceOp]) -> int:
+    """Write ``ops`` to ``path`` (atomically); returns the number written."""
+    with OpTraceWriter(path) as writer:
+        for op in ops:
+            writer.write(op)
+    return writer.num_ops
+
+
+__all__ = ["OPS", "OpTrace", "OpTraceWriter", "TraceOp", "format_op", "load_op_trace",
+           "synth_tokens", "write_op_trace"]
+
+# Every TraceOp field but ``line`` is a key of the format, in KEY_ORDER.
+assert tuple(f.name for f in fields(TraceOp) if f.name != "line") == KEY_ORDER

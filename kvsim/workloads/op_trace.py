@@ -1,0 +1,132 @@
+"""Op-trace replay: each line of an op trace (:mod:`kvsim.traces.op_trace`) becomes one call.
+
+No setup. One workload thread per trace thread (same name); before each call the thread waits
+``Until(t)``, then issues the call, so a trace recorded elsewhere replays with its timing and its
+per-thread order. Cache ids are global to the trace: ``create_kv_cache`` binds the id to the new
+cache (also passed to the manager as ``cache_id``), later ops look it up. A closed cache stays
+bound, so what the manager says about using a closed cache is what the replay records.
+
+A call that cannot run fails the way the manager's own errors do, so executors record it as a
+failed call and go on: an op on an id no earlier ``create_kv_cache`` bound raises
+:class:`UnknownCacheError`, and every error a call raises is re-raised (same type) with
+``FILE:LINE: op`` in front of its message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from kvsim.errors import InvalidArgumentError, KvsimError
+from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+from kvsim.traces.op_trace import OpTrace, TraceOp, load_op_trace
+from kvsim.workloads.steps import Call, Step, Until, Workload
+
+OP_TO_API = {
+    "create_kv_cache": "KVCacheManager.create_kv_cache",
+    "resume": "KvCache.resume",
+    "suspend": "KvCache.suspend",
+    "close": "KvCache.close",
+    "resize": "KvCache.resize",
+    "commit": "KvCache.commit",
+    "stop_committing": "KvCache.stop_committing",
+    "probe_reuse": "KVCacheManager.probe_reuse",
+    "get_and_reset_iteration_stats": "KVCacheManager.get_and_reset_iteration_stats",
+}
+
+
+class UnknownCacheError(InvalidArgumentError):
+    """An op trace names a cache that no earlier ``create_kv_cache`` created."""
+
+
+@dataclass(frozen=True)
+class OpTraceWorkload:
+    trace: str  # path of the JSONL op trace
+    skip_bad_lines: bool = False
+    kind: str = "op_trace"
+
+
+class _Replay:
+    def __init__(self, manager: KVCacheManager, trace: OpTrace) -> None:
+        self.manager = manager
+        self.trace = trace
+        self.caches: dict[str, KvCache] = {}  # strong references: the manager's are weak
+
+    def _where(self, op: TraceOp) -> str:
+        return f"{self.trace.path}:{op.line}: {op.op}"
+
+    def _cache(self, op: TraceOp) -> KvCache:
+        cache = self.caches.get(op.cache)  # type: ignore[arg-type]
+        if cache is None:
+            raise UnknownCacheError(
+                f"unknown cache {op.cache!r}: no create_kv_cache for it ran before this line")
+        return cache
+
+    def _action(self, op: TraceOp) -> Callable[[], object]:
+        m = self.manager
+        name = op.op
+        if name == "create_kv_cache":
+            def create() -> KvCache:
+                kwargs = {} if op.scope is None else {"reuse_scope": op.scope}
+                cache = m.create_kv_cache(op.token_array(), cache_id=op.cache, **kwargs)
+                self.caches[op.cache] = cache  # type: ignore[index]
+                return cache
+            return create
+        if name == "probe_reuse":
+            kwargs = {} if op.scope is None else {"reuse_scope": op.scope}
+            return lambda: m.probe(op.token_array(), **kwargs)
+        if name == "get_and_reset_iteration_stats":
+            return m.get_and_reset_iteration_stats
+        if name == "resize":
+            return lambda: self._cache(op).resize(op.capacity, op.history_length)  # type: ignore[arg-type]
+        if name == "commit":
+            return lambda: self._cache(op).commit(op.token_array())
+        method = name  # resume, suspend, close, stop_committing
+        return lambda: getattr(self._cache(op), method)()
+
+    def call(self, op: TraceOp) -> Call:
+        action = self._action(op)
+
+        def invoke() -> object:
+            try:
+                return action()
+            except KvsimError as e:
+                try:
+                    wrapped = type(e)(f"{self._where(op)}: {e}")
+                except TypeError:  # an error type with a different constructor
+                    raise e from None
+                raise wrapped from e
+
+        args: dict = {"line": op.line}
+        if op.cache is not None:
+            args["cache_id"] = op.cache
+        if op.op in ("create_kv_cache", "commit", "probe_reuse"):
+            args["tokens"] = op.num_tokens
+        if op.op == "resize":
+            args["capacity"] = op.capacity
+            args["history_length"] = op.history_length
+        if op.scope is not None:
+            args["scope"] = op.scope
+        return Call("trace", OP_TO_API[op.op], args, invoke)
+
+    def thread(self, ops: list[TraceOp]) -> Iterator[Step]:
+        for op in ops:
+            yield Until(float(op.t))
+            yield self.call(op)
+
+
+def workload(config: ManagerConfig, spec: OpTraceWorkload, manager: KVCacheManager, seed: int,
+             trace: OpTrace | None = None) -> Workload:
+    """The trace as a workload (``trace``, if given, is used instead of loading ``spec.trace``).
+
+    ``config`` and ``seed`` are unused (the trace fixes every call); they keep the signature of
+    the other generators.
+    """
+    if trace is None:
+        trace = load_op_trace(spec.trace, spec.skip_bad_lines)
+    replay = _Replay(manager, trace)
+
+    def threads() -> dict[str, Iterator[Step]]:
+        return {name: replay.thread(ops) for name, ops in trace.threads.items()}
+
+    return Workload(setup=(), make_threads=threads)

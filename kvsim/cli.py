@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     from kvsim import cli_replay
 
     cli_replay.add_parser(sub)
+    from kvsim.sweep import cli as sweep_cli
+
+    sweep_cli.add_parser(sub)  # kvsim sweep, kvsim sweep-report
     from kvsim.calibration import calibrate
 
     calibrate.add_parser(sub)

@@ -1,8 +1,9 @@
 """Calibrating the CPU cost model to this project's own Python manager, on the machine it runs on.
 
 What it times: single manager calls (``time.perf_counter`` around the call alone, garbage
-collection paused, median of ``repeats`` fresh runs) in a set of workloads that vary one count at a time: burst resizes with
-and without eviction over page counts, probes over prefix lengths, commits over token counts.
+collection paused, median of ``repeats`` fresh runs) in workloads that vary one count at a time:
+burst resizes with and without eviction over page counts, probes over prefix lengths, commits
+over token counts.
 What it fits: ``seconds = per_call + sum(unit_cost * count)`` by non-negative least squares over
 the ``fit`` cases; the ``judge`` cases (other sizes) are predicted, not fitted, and their errors
 are reported. The result is a CPU cost preset (``kvsim/hardware/cpu/*.json`` format) whose

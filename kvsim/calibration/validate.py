@@ -51,6 +51,11 @@ def equivalence(measured: list[float], predicted: float, q: float, seed: int = 0
     return {"ratio_ci90": [lo, hi], "equivalent_10pct": bool(lo >= 0.9 and hi <= 1.1)}
 
 
+def _pair(measured: float, predicted: float | None) -> dict:
+    return {"measured": measured, "predicted": predicted,
+            "ape_pct": None if predicted is None else ape(predicted, measured)}
+
+
 def _growth(results: dict) -> list[dict]:
     return [c for c in results["calls"] if c["phase"] == "growth" and c["api"] == "KvCache.resize"]
 
@@ -100,10 +105,13 @@ def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None
         host = statistics.median(c["latency_ms"] for c in ms)
         e2e = statistics.median(c["copies_done_ms"] - c["start_ms"] for c in ms if c.get("copies_done_ms"))
         p_e2e = p["copies_done_ms"] - p["start_ms"] if p.get("copies_done_ms") else None
-        rows.append({"call": i, "pages": p["offloaded_pages"], "host_ms": {"measured": host, "predicted": p["latency_ms"], "ape_pct": ape(p["latency_ms"], host)},
-                     "end_to_end_ms": {"measured": e2e, "predicted": p_e2e, "ape_pct": ape(p_e2e, e2e) if p_e2e else None},
-                     "cpu_ms": {"measured": statistics.median(c["cpu_ms"] for c in ms), "predicted": p["cpu_ms"]},
-                     "submit_ms": {"measured": statistics.median(c["submit_ms"] for c in ms), "predicted": p["submit_ms"]}})
+        rows.append({
+            "call": i, "pages": p["offloaded_pages"],
+            "host_ms": _pair(host, p["latency_ms"]),
+            "end_to_end_ms": _pair(e2e, p_e2e),
+            "cpu_ms": _pair(statistics.median(c["cpu_ms"] for c in ms), p["cpu_ms"]),
+            "submit_ms": _pair(statistics.median(c["submit_ms"] for c in ms), p["submit_ms"]),
+        })
     out["burst_resize"] = rows
     # Copy batches of the runs (in order).
     batches = []
@@ -139,13 +147,15 @@ def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None
 
         meas = json.loads(Path(copy_measurement).read_text())
         hw = load_hardware(hardware or scenario.hardware)
+        sections = ("paged_ce", "kernel_page_sweep", "kernel_cta_sweep")
         rows_c = [c for c in compare(hw, observations(meas))
-                  if c.observation.role == "judge" and c.observation.section in ("paged_ce", "kernel_page_sweep", "kernel_cta_sweep")
+                  if c.observation.role == "judge" and c.observation.section in sections
                   and 16 * KIB <= c.observation.page_bytes <= 4 * MIB and c.observation.aligned]
         apes = sorted(abs(c.error_pct) for c in rows_c)
         out["copy_bench"] = {"file": copy_measurement, "rows": len(apes),
                              "median_ape_pct": statistics.median(apes), "worst_ape_pct": apes[-1],
-                             "selection": "held-out (judge) batches, 16 KiB-4 MiB pages, aligned, all paths, both directions"}
+                             "selection": "held-out (judge) batches, 16 KiB-4 MiB pages, aligned, "
+                                          "all paths, both directions"}
         prov = meas["provenance"]
         out["gpu"] = prov.get("gpu_name")
         out["driver"] = prov.get("nvml_start", {}).get("driver_version")
@@ -153,13 +163,15 @@ def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None
 
 
 def summary(result: dict) -> dict:
-    burst = [r["end_to_end_ms"]["ape_pct"] for r in result["burst_resize"] if r["end_to_end_ms"]["ape_pct"] is not None]
+    rows = result["burst_resize"]
+    burst = [r["end_to_end_ms"]["ape_pct"] for r in rows if r["end_to_end_ms"]["ape_pct"] is not None]
     probe = result["probe"].get("during_exclusive_hold") or result["probe"].get("all") or {}
     return {
         "copy_batch_median_ape_pct": result.get("copy_bench", {}).get("median_ape_pct"),
         "copy_batch_worst_ape_pct": result.get("copy_bench", {}).get("worst_ape_pct"),
         "burst_resize_ape_pct": statistics.median(burst) if burst else None,
-        "burst_resize_host_ape_pct": statistics.median(r["host_ms"]["ape_pct"] for r in result["burst_resize"]) if result["burst_resize"] else None,
+        "burst_resize_host_ape_pct":
+            statistics.median(r["host_ms"]["ape_pct"] for r in rows) if rows else None,
         "probe_p50_ape_pct": probe.get("p50", {}).get("ape_pct"),
         "probe_p99_ape_pct": probe.get("p99", {}).get("ape_pct"),
         "gpu": result.get("gpu"), "driver": result.get("driver"),

@@ -128,3 +128,16 @@ def test_schedules_really_differ():
     same = {execute(replace(base, sim=replace(base.sim, schedule_seed=5)))["sim"]["end_time_s"]
             for _ in range(2)}
     assert len(same) == 1
+
+
+def test_the_seed_concurrency_tests_pass_in_the_fixed_configuration():
+    sf = load_scenario_file(BUGS / "seed_concurrency_tests.yaml", ["workload.probes_per_thread=100"])
+    fixed = execute(variant_scenario(sf, next(v for v in sf.base.variants if v.name == "fixed")))
+    assert all(c["ok"] for c in fixed["calls"]), [c for c in fixed["calls"] if not c["ok"]][:3]
+    assert fixed["violations"] == [] and fixed["deadlocks"] == []
+    assert not fixed["starvation"]["starved"]
+    apis = {c["api"] for c in fixed["calls"]}
+    assert {"KVCacheManager.probe_reuse", "KvCache.resize", "KVCacheManager.get_storage_statistics",
+            "KVCacheManager.get_and_reset_iteration_stats", "PlannedDrop.__del__"} <= apis
+    buggy = execute(variant_scenario(sf, next(v for v in sf.base.variants if v.name == "buggy")))
+    assert buggy["starvation"]["starved"]

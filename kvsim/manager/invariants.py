@@ -118,16 +118,17 @@ def _check_tree(mgr: KVCacheManager, out: list[str]) -> None:
         if root is not node.root or root.nodes_by_key.get(node.key) is not node:
             out.append(f"node {node_id}: not reachable from its root")
             continue
-        depth = 0
-        up = node.parent
-        while up is not None:
-            if tree.nodes.get(up.node_id) is not up:
-                out.append(f"node {node_id}: ancestor {up.node_id} was removed")
-                break
-            depth += 1
-            up = up.parent
-        if depth != node.depth:
-            out.append(f"node {node_id}: depth {node.depth}, {depth} ancestors")
+        # Linear: each node checks only its parent (alive, one block shallower); by induction
+        # every chain reaches a root.
+        parent = node.parent
+        if parent is None:
+            if node.depth != 0 or root.children.get(node.key) is not node:
+                out.append(f"node {node_id}: a top-level node at depth {node.depth} or not a root child")
+        elif tree.nodes.get(parent.node_id) is not parent:
+            out.append(f"node {node_id}: parent {parent.node_id} was removed")
+        elif parent.depth + 1 != node.depth or parent.children.get(node.key) is not node:
+            out.append(f"node {node_id}: depth {node.depth} under parent of depth {parent.depth}, "
+                       "or not among its parent's children")
         for lc, page in enumerate(node.pages):
             if page != NO_PAGE and (p.level[page] < 0 or p.node[page] != node_id
                                     or p.life_cycle[page] != lc):

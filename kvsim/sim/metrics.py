@@ -113,14 +113,19 @@ def copies_summary(run) -> list[dict]:
 
 def probes_during_holds(run) -> dict:
     """Probe latency split by whether the probe overlapped an exclusive hold of another thread."""
-    holds = [(a.granted, a.released) for a in run.lock.log
-             if a.mode == "exclusive" and not a.nested and a.granted is not None
-             and a.released is not None]
+    holds = sorted((a.granted, a.released) for a in run.lock.log
+                   if a.mode == "exclusive" and not a.nested and a.granted is not None
+                   and a.released is not None)
+    starts = np.array([g for g, _ in holds])
+    # Longest hold end among holds starting at or before each index: an interval overlaps
+    # [start, end) iff some hold began before `end` and ended after `start`.
+    reach = np.maximum.accumulate(np.array([r for _, r in holds])) if holds else np.array([])
     during, outside = [], []
     for c in run.calls:
         if c.api != "KVCacheManager.probe_reuse" or c.end is None:
             continue
-        hit = any(c.start < r and c.end > g for g, r in holds)
+        i = int(np.searchsorted(starts, c.end, side="left")) - 1
+        hit = i >= 0 and reach[i] > c.start
         (during if hit else outside).append(c.latency)
     return {"during_exclusive_hold": distribution_ms(during),
             "outside_exclusive_hold": distribution_ms(outside)}

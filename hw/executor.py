@@ -28,6 +28,7 @@ from kvsim.manager.locking import API_LOCK_MODES, LockMode
 from kvsim.manager.manager import KVCacheManager
 from kvsim.manager.plan import CopyBatch
 from kvsim.sim.records import CallRecord, CopyRecord, LinkSegment, LinkStats, LockHazardError
+from kvsim.traces.recording import to_trace_op
 from kvsim.workloads.steps import Call, Sleep, Step, Until
 
 
@@ -106,8 +107,15 @@ class HwRun:
 
 
 class HwExecutor:
-    def __init__(self, manager: KVCacheManager, copier=None, options: HwOptions | None = None) -> None:
+    def __init__(self, manager: KVCacheManager, copier=None, options: HwOptions | None = None,
+                 recorder=None, record_offset_s: float = 0.0) -> None:
+        """``recorder``: an :class:`kvsim.traces.op_trace.OpTraceWriter` receiving every call
+        run (times shifted by ``record_offset_s``); calls the format cannot express are counted
+        in ``unrecorded``."""
         self.manager = manager
+        self.recorder = recorder
+        self.record_offset_s = record_offset_s
+        self.unrecorded = 0
         self.copier = copier or NullCopier()
         self.options = options or HwOptions()
         self.t0 = time.perf_counter()
@@ -168,9 +176,18 @@ class HwExecutor:
             self.copier.wait(submitted)
         rec.end = self.now()
         rec._copies = submitted  # filled in with device times at the end of the run
-        if new_violations:
+        op = None
+        if self.recorder is not None:
+            op = to_trace_op(call, thread, rec.start + self.record_offset_s, rec.ok, rec.result,
+                             rec.error, rec.end - rec.start)
+        if new_violations or self.recorder is not None:
             with self._records_lock:
                 self.violations += new_violations
+                if self.recorder is not None:
+                    if op is None:
+                        self.unrecorded += 1
+                    else:
+                        self.recorder.write(op)
 
     def _thread(self, name: str, steps: Iterator[Step]) -> None:
         try:

@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the results object to stdout")
     run.add_argument("--verify", action="store_true",
                      help="hw executor: sign every page and check every migrated page")
+    run.add_argument("--record-trace", metavar="FILE.jsonl",
+                     help="hw executor: write the calls it ran as an op trace")
     run.add_argument("--quiet", action="store_true")
     run.set_defaults(func=_cmd_run)
 

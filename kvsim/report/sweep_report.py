@@ -8,15 +8,18 @@ Figures, each drawn when the table has what it needs (otherwise the report says 
 * ``probe_p99_vs_interval.png``: probe p99 latency against the think time between one thread's
   probes (0 = closed loop, the highest rate), one line per lock policy (and hardware).
 * ``hit_rate_vs_host.png``: committed-reuse hit rate against the host tier's capacity.
-* ``pareto.png``: cost against latency, per scenario, with the Pareto front and the cheapest
-  configuration meeting ``--latency-target-ms`` circled.
+* ``pareto.png``: cost against latency with the Pareto front and, ringed, the cheapest
+  configuration meeting ``--latency-target-ms``, for each scenario and each combination of its
+  ``workload.*`` parameters: those describe the demand (sequence length, probe rate), the other
+  parameters (hardware, ``sim.*``, ``manager.*``) the configuration to choose.
 
 Cost: by default the rank of ``(cfg_hw_rank, cfg_tier_bytes)`` -- the hardware preset's place in
 :data:`kvsim.sweep.points.HW_RANK` (an ordinal stand-in for platform price, cheapest first), then
 the bytes of all cache tiers -- so "cheapest" means the least platform, then the least memory.
-``--cost COLUMN`` uses any numeric column instead. Latency: ``--latency-metric`` or the first of
-``resize_copies_done_p50_ms``, ``resize_p50_ms``, ``probe_p99_ms`` with values. When several
-points share a cost, the Pareto front keeps the fastest (ties: lowest point id).
+``--cost COLUMN`` uses any numeric column instead. Latency: ``--latency-metric``, else the
+workload's (burst resize: ``resize_copies_done_p50_ms``; probes: ``probe_p99_ms``), else the
+first of ``resize_copies_done_p50_ms``, ``resize_p50_ms``, ``probe_p99_ms`` with values. Among
+points of one cost the front keeps the fastest (ties: the lowest point id).
 
 With several values per x (other parameters varying), figure lines show the median.
 """
@@ -232,47 +235,92 @@ def cheapest_meeting(rows, latency: str, target: float | None):
     return ordered.iloc[0]
 
 
-def choose_latency(ok, latency_metric: str | None) -> str | None:
+DEFAULT_METRIC = {"burst_resize": "resize_copies_done_p50_ms", "concurrent_probe": "probe_p99_ms",
+                  "seed_concurrency": "probe_p99_ms"}
+
+
+def choose_latency(rows, latency_metric: str | None) -> str | None:
+    """The latency column of a group: the given one, else its workload's, else the first set."""
     if latency_metric is not None:
-        if latency_metric not in ok.columns:
+        if latency_metric not in rows.columns:
             raise ValueError(f"--latency-metric {latency_metric!r}: no such column")
         return latency_metric
-    return next((m for m in LATENCY_METRICS if _has(ok, m)), None)
+    kinds = set(rows["cfg_workload"].dropna().astype(str)) if "cfg_workload" in rows.columns else set()
+    preferred = DEFAULT_METRIC.get(next(iter(kinds))) if len(kinds) == 1 else None
+    if preferred is not None and _has(rows, preferred):
+        return preferred
+    return next((m for m in LATENCY_METRICS if _has(rows, m)), None)
 
 
-def fig_pareto(costed, latency: str, cost_name: str, target: float | None,
-               out: Path) -> tuple[str | None, str]:
-    rows = costed[costed[latency].notna()]
-    if rows.empty:
-        return None, f"needs a cost and {latency} for some point"
-    fig, ax = new_figure(8.0, 5.0)
-    cycle = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
-    for i, scen in enumerate(sorted(set(rows["scenario"].astype(str)))):
-        mine = rows[rows["scenario"].astype(str) == scen]
-        color = cycle[i % len(cycle)]
-        ax.scatter(mine["_cost"], mine[latency].astype("float64"), color=color, alpha=0.35, s=18)
-        front = pareto_front(mine, latency)
+def _sort_key(v: Any) -> tuple:
+    if _fmt(v) == "":
+        return (2, 0.0, "")
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return (0, float(v), "")
+    return (1, 0.0, str(v))
+
+
+def pareto_groups(costed, params: list[str], latency_metric: str | None):
+    """(label, rows, latency column) per scenario and combination of ``workload.*`` parameters.
+
+    Parameters under ``workload.`` describe the demand (sequence length, probe rate); the others
+    (hardware, ``sim.*``, ``manager.*``) the configuration to choose, so each demand gets its
+    own front and its own cheapest configuration.
+    """
+    demand = [p for p in params if p.startswith("workload.")]
+    keyed = costed.assign(_group=_labels(costed, ["scenario"] + demand) if len(costed) else [])
+    order = {}
+    for key, *values in zip(keyed["_group"], keyed["scenario"].astype(str),
+                            *(keyed[p].astype(object) for p in demand)):
+        order[key] = tuple(_sort_key(v) for v in values)
+    out = []
+    for key in sorted(order, key=order.__getitem__):
+        rows = keyed[keyed["_group"] == key]
+        shown = [p for p in demand if rows[p].notna().any()]
+        label = str(rows["scenario"].iloc[0]) + "".join(
+            f", {p.split('.', 1)[1]}={_fmt(rows[p].iloc[0])}" for p in shown)
+        latency = choose_latency(rows, latency_metric)
+        if latency is not None:
+            out.append((label, rows.drop(columns=["_group"]), latency))
+    return out
+
+
+def fig_pareto(groups, cost_name: str, target: float | None, out: Path) -> tuple[str | None, str]:
+    if not groups:
+        return None, "needs a cost and a latency for some point"
+    fig, ax = new_figure(9.0, 5.5)
+    cycle = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+             "tab:pink", "tab:gray", "tab:olive", "tab:cyan"]
+    markers = ["o", "s", "^", "D", "v", "P"]
+    ticks = {}
+    for i, (label, rows, latency) in enumerate(groups):
+        rows = rows[rows[latency].notna()]
+        color, marker = cycle[i % len(cycle)], markers[(i // len(cycle)) % len(markers)]
+        ax.scatter(rows["_cost"], rows[latency].astype("float64"), color=color, alpha=0.3, s=16,
+                   marker=marker)
+        front = pareto_front(rows, latency)
         ax.step(front["_cost"], front[latency].astype("float64"), where="post", color=color,
-                marker="o", label=f"{scen}: Pareto front")
-        best = cheapest_meeting(mine, latency, target)
+                marker=marker, label=f"{label} ({latency})")
+        best = cheapest_meeting(rows, latency, target)
         if best is not None:
-            ax.scatter([best["_cost"]], [float(best[latency])], s=220, facecolors="none",
-                       edgecolors="black", linewidths=2,
-                       label=f"{scen}: cheapest meeting {target:g} ms")
+            ax.scatter([best["_cost"]], [float(best[latency])], s=200, facecolors="none",
+                       edgecolors=color, linewidths=2)
+        ticks.update(zip(rows["_cost"], rows["_cost_label"]))
     if target is not None:
         ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g} ms")
-    ticks = rows.drop_duplicates("_cost").sort_values("_cost")
     if len(ticks) <= 12:
-        ax.set_xticks(ticks["_cost"].to_list(), ticks["_cost_label"].to_list(), rotation=30,
-                      ha="right", fontsize=7)
+        xs = sorted(ticks)
+        ax.set_xticks(xs, [ticks[x] for x in xs], rotation=30, ha="right", fontsize=7)
+    ax.set_yscale("log")
     ax.set_xlabel(cost_name)
-    ax.set_ylabel(latency)
-    ax.set_title("Cost vs latency (Pareto view)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.set_ylabel("latency [ms] (metric in the legend)")
+    ax.set_title("Cost vs latency: Pareto front per scenario and workload")
+    ax.grid(True, alpha=0.3, which="both")
+    ax.legend(fontsize=6, loc="best")
     save(fig, out / "pareto.png")
-    return "pareto.png", (f"Every point (faint), the Pareto front per scenario (steps) and the "
-                          f"cheapest configuration meeting the target (ringed); cost = {cost_name}.")
+    return "pareto.png", ("Every point (faint), the Pareto front of each scenario and workload "
+                          "(steps) and, ringed, the cheapest configuration meeting the target; "
+                          f"cost = {cost_name}.")
 
 
 # -- the report -----------------------------------------------------------------------------------
@@ -321,33 +369,31 @@ def write_sweep_report(table, out_dir: str | Path, latency_target_ms: float | No
         lines += ([f"![{title}]({path})", "", caption] if path else [f"Not drawn: {caption}."])
         lines.append("")
 
-    latency = choose_latency(ok, latency_metric) if not ok.empty else None
     lines += ["## Cost vs latency (Pareto view)", ""]
-    if latency is None:
-        lines += ["Not drawn: no latency column has values.", ""]
-    else:
-        costed, cost_name = with_cost(ok, cost)
-        path, caption = fig_pareto(costed, latency, cost_name, latency_target_ms, out)
-        lines += ([f"![Pareto view]({path})", "", caption] if path else [f"Not drawn: {caption}."])
-        lines.append("")
-        header = ["scenario", "parameters", "cost", "config", latency, "point_id"]
+    costed, cost_name = with_cost(ok, cost)
+    groups = pareto_groups(costed, params, latency_metric)
+    path, caption = fig_pareto(groups, cost_name, latency_target_ms, out)
+    lines += ([f"![Pareto view]({path})", "", caption] if path else [f"Not drawn: {caption}."])
+    lines.append("")
+    if groups:
+        config = [p for p in params if not p.startswith("workload.")]
         body, cheapest = [], []
-        for scen in sorted(set(costed["scenario"].astype(str))):
-            mine = costed[costed["scenario"].astype(str) == scen]
-            for _, r in pareto_front(mine, latency).iterrows():
-                body.append([scen, _params_text(r, params), _fmt(r["_cost"]), r["_cost_label"],
+        for label, rows, latency in groups:
+            for _, r in pareto_front(rows, latency).iterrows():
+                body.append([label, _params_text(r, config), r["_cost_label"], latency,
                              r[latency], r["point_id"]])
-            best = cheapest_meeting(mine, latency, latency_target_ms)
             if latency_target_ms is not None:
+                best = cheapest_meeting(rows, latency, latency_target_ms)
                 cheapest.append(
-                    f"- {scen}: " + (f"`{best['point_id']}` ({_params_text(best, params)}; "
-                                     f"{best['_cost_label']}): {latency} = {_fmt(best[latency])} ms"
-                                     if best is not None else
-                                     f"no configuration meets {latency} <= {latency_target_ms:g} ms"))
-        lines += [f"Pareto-optimal points (cost: {cost_name}; latency: `{latency}`):", ""]
-        lines += _md_table(header, body) + [""]
+                    f"- {label}: " + (f"{_params_text(best, config)} ({best['_cost_label']}): "
+                                      f"{latency} = {_fmt(best[latency])} ms, point "
+                                      f"`{best['point_id']}`" if best is not None else
+                                      f"none meets {latency} <= {latency_target_ms:g} ms"))
+        lines += [f"Pareto-optimal points per scenario and workload (cost: {cost_name}):", ""]
+        lines += _md_table(["scenario, workload", "configuration", "cost", "latency metric",
+                            "latency [ms]", "point_id"], body) + [""]
         if latency_target_ms is not None:
-            lines += [f"Cheapest configuration meeting {latency} <= {latency_target_ms:g} ms:", ""]
+            lines += [f"Cheapest configuration meeting {latency_target_ms:g} ms:", ""]
             lines += cheapest + [""]
         else:
             lines += ["(No `--latency-target-ms` given: no cheapest configuration marked.)", ""]
@@ -361,5 +407,5 @@ def write_sweep_report(table, out_dir: str | Path, latency_target_ms: float | No
             lines.append(f"... and {len(failed) - 50} more (see the table).")
         lines.append("")
     report = out / "report.md"
-    report.write_text("\n".join(lines))
+    report.write_text("\n".join(lines).rstrip("\n") + "\n")
     return report

@@ -269,12 +269,25 @@ def _execute_hw(scenario: Scenario) -> dict:
     hardware = load_hardware(scenario.hardware)
     manager = KVCacheManager(scenario.manager)
     workload = build_workload(scenario, manager)
-    setup_failed = []
+    s, h = scenario.sim, scenario.hw
+    recorder = None
+    if h.record_trace:
+        from kvsim.traces.op_trace import OpTraceWriter
+        from kvsim.traces.recording import to_trace_op
+
+        recorder = OpTraceWriter(h.record_trace)
+    setup_failed, unrecorded_setup = [], 0
     for call in workload.setup:
         result, error = _invoke_untimed(call)
         if error or result is False:
             setup_failed.append({"api": call.api, "args": call.args, "error": error or "False"})
-    s, h = scenario.sim, scenario.hw
+        if recorder is not None:  # setup at t = 0 on its own thread; the threads start 1 s later
+            op = to_trace_op(call, "setup", 0.0, not error and result is not False, result, error,
+                             None)
+            if op is None:
+                unrecorded_setup += 1
+            else:
+                recorder.write(op)
     pools = None
     if h.copier == "cuda":
         from hw.copier import PoolCopier
@@ -289,8 +302,11 @@ def _execute_hw(scenario: Scenario) -> dict:
     options = HwOptions(lock_policy=s.lock_policy, wait_for_copies=s.wait_for_copies,
                         check_invariants_per_call=h.verify and s.check_invariants,
                         check_lock_discipline=h.verify and s.check_lock_discipline)
+    executor = HwExecutor(manager, copier, options, recorder=recorder, record_offset_s=1.0)
     try:
-        run = HwExecutor(manager, copier, options).run(workload.make_threads())
+        run = executor.run(workload.make_threads())
+        if recorder is not None:
+            recorder.close()
     finally:
         if pools is not None:
             pools.close()
@@ -308,7 +324,9 @@ def _execute_hw(scenario: Scenario) -> dict:
         "hw": {"copier": copier.name, "verify": h.verify, "thread_errors": run.errors,
                "pages_verified": getattr(copier, "pages_verified", 0),
                "pages_signed": getattr(copier, "pages_signed", 0),
-               "end_time_s": run.end_time},
+               "end_time_s": run.end_time,
+               "recorded_trace": h.record_trace,
+               "unrecorded_calls": executor.unrecorded + unrecorded_setup if recorder else None},
         "setup_failures": setup_failed,
     }
     if any(c.api == "KVCacheManager.probe_reuse" for c in run.calls):
@@ -463,6 +481,8 @@ def write_results(results: dict, out_dir: Path) -> None:
 def run_scenario_cli(args: argparse.Namespace) -> int:
     try:
         overrides = list(args.set) + (["hw.verify=true"] if getattr(args, "verify", False) else [])
+        if getattr(args, "record_trace", None):
+            overrides.append(f"hw.record_trace={args.record_trace}")
         sf = load_scenario_file(args.scenario, overrides)
     except KvsimError as e:
         print(f"kvsim run: {e}", file=sys.stderr)

@@ -70,6 +70,7 @@ Schema (``*`` = required)::
       copier: cuda | none           # none: real threads and lock, no copies (no GPU needed)
       device: int >= 0
       verify: bool                  # sign every page and check every migrated page
+      record_trace: path            # write the calls run as a JSONL op trace (for sim replay)
     variants:                       # optional: named runs of this scenario with overrides
       NAME:
         set: {dotted.field: value}  # e.g. manager.stats_commit: per_page
@@ -203,6 +204,7 @@ class HwSettings:
     copier: str = "cuda"
     device: int = 0
     verify: bool = False
+    record_trace: str | None = None
 
 
 @dataclass(frozen=True)
@@ -460,7 +462,7 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
         cpu_model=_resolve(top.str("cpu_model", "kvcm2-cpp"), source),
         sim=_sim(top.sub("sim", set(SimSettings.__dataclass_fields__)))
         if top.raw("sim", None) is not None else SimSettings(),
-        hw=_hw(top.sub("hw", {"copier", "device", "verify"}))
+        hw=_hw(top.sub("hw", {"copier", "device", "verify", "record_trace"}))
         if top.raw("hw", None) is not None else HwSettings(),
         variants=_variants(top.raw("variants", None), source),
     )
@@ -468,7 +470,8 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
 
 def _hw(f: Fields) -> HwSettings:
     return HwSettings(copier=f.str("copier", "cuda", ("cuda", "none")),
-                      device=f.int("device", 0), verify=f.bool("verify", False))
+                      device=f.int("device", 0), verify=f.bool("verify", False),
+                      record_trace=f.raw("record_trace", None) and f.str("record_trace"))
 
 
 def _resolve(value: str, source: Source) -> str:

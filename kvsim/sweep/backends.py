@@ -72,7 +72,7 @@ def run_dask(tasks: list[dict], workers: int, on_row: OnRow, scheduler: str | No
         client = Client(scheduler)
     else:
         cluster = LocalCluster(n_workers=max(1, min(workers, len(tasks))), threads_per_worker=1,
-                               processes=True, dashboard_address=None,
+                               processes=True, dashboard_address=":0",
                                silence_logs=logging.ERROR)
         client = Client(cluster)
     try:

@@ -54,7 +54,7 @@ def _lifetime(manager: KVCacheManager, handle: dict[str, KvCache], phase: str, c
         yield Call(phase, "KvCache.resize", args, lambda: handle["c"].resize(capacity, history))
     if tokens is not None:
         yield Call(phase, "KvCache.commit", {"cache_id": cache_id, "tokens": int(tokens.size)},
-                   lambda: handle["c"].commit(tokens))
+                   lambda: handle["c"].commit(tokens), tokens)
     if close:
         yield Call(phase, "KvCache.close", {"cache_id": cache_id}, lambda: handle["c"].close())
 

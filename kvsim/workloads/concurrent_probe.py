@@ -37,7 +37,7 @@ def _prober(manager: KVCacheManager, tokens: np.ndarray, count: int,
         if i and interval_s:
             yield Sleep(interval_s)
         yield Call("probe", "KVCacheManager.probe_reuse", {"tokens": int(tokens.size)},
-                   lambda: manager.probe(tokens))
+                   lambda: manager.probe(tokens), tokens)
 
 
 def workload(config: ManagerConfig, spec: ConcurrentProbeWorkload, manager: KVCacheManager,

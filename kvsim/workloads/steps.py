@@ -14,12 +14,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Call:
-    """One API call: the lock-table name of the API, its arguments for the record, and a thunk."""
+    """One API call: the lock-table name of the API, its arguments for the record, and a thunk.
+
+    ``tokens``, when set, are the call's token ids (what an op-trace recorder writes; ``args``
+    only counts them, to keep results small)."""
 
     phase: str
     api: str
     args: dict
     invoke: Callable[[], object]
+    tokens: object = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,52 @@
+"""The hardware executor's threads, lock and recorder without a GPU (copier ``none``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvsim.scenario.run import execute, load_scenario
+
+REPO = Path(__file__).resolve().parents[1]
+BUGS = REPO / "scenarios" / "bugs"
+
+
+def test_real_threads_show_reader_starvation_and_writer_preference_bounds_it():
+    base = ["executor=hw", "hw.copier=none", "workload.probes_per_thread=60"]
+    reader = execute(load_scenario(BUGS / "probe_drain.yaml", base + ["sim.lock_policy=reader"]))
+    writer = execute(load_scenario(BUGS / "probe_drain.yaml", base + ["sim.lock_policy=writer"]))
+    assert writer["starvation"]["readers_entered_while_waiting"] == 0
+    assert not writer["starvation"]["starved"]
+    assert reader["executor"] == writer["executor"] == "hw"
+    assert reader["api"]["KVCacheManager.probe_reuse"]["count"] == 8 * 60
+    assert reader["violations"] == [] and writer["violations"] == []
+
+
+def test_a_recorded_hw_run_replays_in_the_simulator(tmp_path):
+    trace = tmp_path / "run.jsonl"
+    hw = execute(load_scenario(BUGS / "probe_drain.yaml", [
+        "executor=hw", "hw.copier=none", "workload.probes_per_thread=5",
+        f"hw.record_trace={trace}"]))
+    assert hw["hw"]["unrecorded_calls"] == 0
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert {x["thread"] for x in lines} >= {"setup", "resize", "probe0"}
+    scenario = tmp_path / "replay.yaml"
+    scenario.write_text(f"""name: replay
+executor: sim
+hardware: h200-sxm
+cpu_model: kvcm2-cpp
+manager:
+  tokens_per_block: 4
+  layers:
+    - slot_bytes: [2 KiB, 2 KiB]
+  levels:
+    - {{name: gpu, quota_bytes: 256 KiB}}
+workload:
+  kind: op_trace
+  trace: {trace}
+""")
+    sim = execute(load_scenario(scenario))
+    counts = {api: row["count"] for api, row in sim["api"].items()}
+    measured = {api: row["count"] for api, row in hw["api"].items()}
+    assert counts == measured
+    assert all(c["ok"] for c in sim["calls"])

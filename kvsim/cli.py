@@ -39,6 +39,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run_scenario_cli(args)
 
 
+def _cmd_validate_scenario(args: argparse.Namespace) -> int:
+    from kvsim.errors import KvsimError
+    from kvsim.scenario.run import load_scenario_file
+
+    try:
+        sf = load_scenario_file(args.scenario, args.set)
+    except KvsimError as e:
+        print(f"kvsim validate-scenario: {e}", file=sys.stderr)
+        return 2
+    sc = sf.base
+    print(f"{args.scenario}: ok: {sc.name}, executor {sc.executor}, workload {sc.workload.kind}, "
+          f"{len(sc.manager.layers)} layers, {len(sc.manager.levels)} levels, "
+          f"{len(sc.variants)} variants")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from kvsim.report.scenario_report import write_report
+
+    out = Path(args.results_dir)
+    try:
+        results = json.loads((out / "results.json").read_text())
+        for vdir in sorted((out / "variants").glob("*/")) if (out / "variants").exists() else []:
+            write_report(json.loads((vdir / "results.json").read_text()), vdir)
+        write_report(results, out)
+    except (OSError, json.JSONDecodeError, KeyError) as e:
+        print(f"kvsim report: {out}: {e}", file=sys.stderr)
+        return 2
+    print(f"kvsim report: redrew {out}/report.md")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvsim", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="hw executor: write the calls it ran as an op trace")
     run.add_argument("--quiet", action="store_true")
     run.set_defaults(func=_cmd_run)
+
+    check = sub.add_parser("validate-scenario", help="check a scenario file without running it")
+    check.add_argument("scenario")
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    check.set_defaults(func=_cmd_validate_scenario)
+
+    report = sub.add_parser("report", help="redraw a results directory's report and figures")
+    report.add_argument("results_dir")
+    report.set_defaults(func=_cmd_report)
 
     from kvsim import cli_copy_model
     from kvsim.scenario import explore

@@ -200,7 +200,7 @@ def _merge_by_time(threads: dict) -> Iterator[tuple[str, Call]]:
 
 # -- the sim executor --------------------------------------------------------------------------
 
-def _execute_sim(scenario: Scenario) -> dict:
+def _execute_sim(scenario: Scenario, progress=None) -> dict:
     from kvsim.hardware import load_hardware
     from kvsim.sim import metrics
     from kvsim.sim.cpu_cost import load_cpu_model
@@ -223,6 +223,7 @@ def _execute_sim(scenario: Scenario) -> dict:
                          check_lock_discipline=s.check_lock_discipline,
                          schedule_seed=s.schedule_seed, jitter=s.jitter)
     executor = SimExecutor(manager, hardware, cpu, options)
+    executor.progress = progress
     wall0 = time.perf_counter()
     run = executor.run(workload.make_threads())
     wall = time.perf_counter() - wall0
@@ -376,10 +377,10 @@ def _common(scenario: Scenario, manager: KVCacheManager, records: list[dict],
     }
 
 
-def execute(scenario: Scenario) -> dict:
+def execute(scenario: Scenario, progress=None) -> dict:
     """Run one scenario (no variants); returns its results object."""
     if scenario.executor == "sim":
-        return _execute_sim(scenario)
+        return _execute_sim(scenario, progress)
     if scenario.executor == "hw":
         return _execute_hw(scenario)
     return _execute_plan(scenario)
@@ -403,6 +404,13 @@ def variant_summary(results: dict, variant: Variant | None) -> dict:
         done = [r["copies_done_ms"] - r["start_ms"] for r in growth if r.get("copies_done_ms")]
         if done:
             out["resize_copies_done_p50_ms"] = statistics.median(done)
+        moved = [c for c in results.get("copies", []) if c["api"] == "KvCache.resize"
+                 and c.get("seconds")]
+        if moved:
+            out["resize_copy_ms"] = sum(c["seconds"] for c in moved) * 1e3 / len(growth)
+            out["resize_copy_gbps"] = (sum(c["num_bytes"] for c in moved)
+                                       / sum(c["seconds"] for c in moved) / 1e9)
+            out["copy_ctas"] = sorted({c["ctas"] for c in moved if c["ctas"]}) or None
     if "probe" in results:
         probe = results["api"].get("KVCacheManager.probe_reuse", {}).get("latency", {})
         out["probe_p50_ms"] = probe.get("p50_ms")
@@ -424,7 +432,7 @@ def variant_summary(results: dict, variant: Variant | None) -> dict:
 
 def run_scenario(sf: ScenarioFile, progress=None) -> dict:
     """The scenario as written, plus each variant's summary."""
-    results = execute(sf.base)
+    results = execute(sf.base, progress)
     if sf.base.variants:
         results["variants"] = {}
         for i, variant in enumerate(sf.base.variants):

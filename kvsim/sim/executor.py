@@ -113,6 +113,7 @@ class SimExecutor:
         self._current_api: dict[str, str] = {}
         self._alive: set[str] = set()
         self.deadlocks: list[Deadlock] = []
+        self.progress = None  # optional callable(str): a line every 10,000 calls
         self._stop = self.env.event()  # succeeds when a deadlock makes further progress moot
         self._rng = (None if opt.schedule_seed is None
                      else np.random.default_rng(opt.schedule_seed))
@@ -140,6 +141,8 @@ class SimExecutor:
         rec = CallRecord(len(self.calls), thread, call.phase, call.api, call.args, mode.value,
                          env.now)
         self.calls.append(rec)
+        if self.progress is not None and len(self.calls) % 10_000 == 0:
+            self.progress(f"{len(self.calls)} calls, {env.now:.3f} s simulated")
         self._current_api[thread] = call.api
         half_python = self.cpu.python_call_us * 0.5e-6
         yield from self._python(thread, half_python, call.api)

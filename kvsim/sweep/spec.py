@@ -2,8 +2,8 @@
 
 A sweep is one or more *parts*; each part is a scenario file plus its parameters (dotted scenario
 fields, the keys of ``--set``, each with a list of values) and how to draw its points. From the
-command line there is one part: ``kvsim sweep SCENARIO --param KEY=V1,V2 ...``. Without
-``--param`` the scenario file's own ``sweep:`` block is read::
+command line there is one part: ``kvsim sweep SCENARIO --param KEY=V1,V2 ...`` (the file's
+``sweep:`` block, if any, is then ignored). Without ``--param`` the block is read::
 
     sweep:
       seed: 0                     # the sweep seed; per-point seeds derive from it (default 0)
@@ -16,9 +16,12 @@ command line there is one part: ``kvsim sweep SCENARIO --param KEY=V1,V2 ...``. 
       parts:                      # more scenario files swept into the same table
         - scenario: other.yaml    # relative to this file
           params: {sim.lock_policy: [reader, writer]}
-          method: grid            # optional: method, sample and set as above
+          method: lhs             # optional: method, sample and set as above
           sample: 4
           set: {}
+
+``--method``/``--sample`` on the command line replace every part's (a sample is drawn from each
+part's grid); ``--seed`` replaces the block's seed; ``--set`` adds to every part's overrides.
 
 The ``sweep:`` block is not part of the scenario schema: :func:`load_sweep_scenario` strips it
 before validation (so ``kvsim run`` rejects such a file; run it with ``kvsim sweep``). A sweep
@@ -245,7 +248,7 @@ def load_sweep(path: str | Path, params: list[str] | None = None, sets: list[str
     apply to every point of every part.
     """
     path = str(path)
-    data, source, block = _load_stripped(path)
+    _, source, block = _load_stripped(path)
     cli_fixed = tuple(parse_set(s) for s in sets or [])
     cli_draw = (method, sample) if method is not None or sample is not None else None
     block_seed = 0

@@ -25,13 +25,15 @@ from kvsim.sim.records import CopyRecord
 class PoolCopier:
     name = "cuda"
 
-    def __init__(self, pools: Any, hardware: Any, path: str = "auto", verify: bool = False) -> None:
+    def __init__(self, pools: Any, hardware: Any, path: str = "auto", verify: bool = False,
+                 ctas: int | None = None, inflight_bytes: int | None = None) -> None:
         from hw.copy_select import CopySelector
         from hw.executor_copies import PlanCopier
 
         auto = path in ("auto", "select")
         self.plan_copier = PlanCopier(pools, selector=CopySelector(hardware) if auto else None,
-                                      path=None if auto else path)
+                                      path=None if auto else path, ctas=ctas,
+                                      inflight_bytes=inflight_bytes)
         self.pools = pools
         self.verify_enabled = verify
         self.tracker: Any = None

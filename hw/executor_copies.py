@@ -65,7 +65,8 @@ class PlanCopier:
     """
 
     def __init__(self, pools: Any, selector: Any = None, path: str | None = None,
-                 stream: Any = None) -> None:
+                 stream: Any = None, ctas: int | None = None,
+                 inflight_bytes: int | None = None) -> None:
         import cupy
 
         if (selector is None) == (path is None):
@@ -75,6 +76,8 @@ class PlanCopier:
         self.path = path
         self._cp = cupy
         self.stream = stream if stream is not None else cupy.cuda.Stream(non_blocking=True)
+        self.ctas = ctas  # kernel CTAs / bytes in flight for a forced path (None: pool defaults)
+        self.inflight_bytes = inflight_bytes
         self._pending: list[tuple[BatchRecord, Any, Any]] = []
         self._origin: Any = None
 
@@ -89,7 +92,7 @@ class PlanCopier:
         for batch in copies:
             if batch.num_pages == 0:
                 continue
-            ctas = inflight = pred = None
+            ctas, inflight, pred = self.ctas, self.inflight_bytes, None
             path = self.path
             if self.selector is not None:
                 aligned = self.pools.aligned(batch.src_level, batch.pool_group) and \

@@ -296,7 +296,8 @@ def _execute_hw(scenario: Scenario) -> dict:
 
         pools = HostDevicePools(manager.layout, [lv.quota_bytes for lv in scenario.manager.levels],
                                 device=h.device, hardware=hardware)
-        copier = PoolCopier(pools, hardware, s.copy_path, verify=h.verify)
+        copier = PoolCopier(pools, hardware, s.copy_path, verify=h.verify, ctas=s.kernel_ctas,
+                            inflight_bytes=s.kernel_inflight_bytes)
     else:
         copier = NullCopier()
     # Per-call checks cost real time inside the measured calls: only in --verify runs.

@@ -83,7 +83,13 @@ class CopySelector:
     """Chooses a path per batch from ``hw``; ``paths`` limits the candidates."""
 
     def __init__(self, hw: HardwareSpec, paths: Sequence[str] = PATHS,
-                 cta_plateau_fraction: float = 0.95, bidirectional: bool = False) -> None:
+                 cta_plateau_fraction: float = 0.95, bidirectional: bool = False,
+                 objective: str = "total") -> None:
+        """``objective``: "total" minimises device plus host submission time (what a caller that
+        submits and waits sees); "device" minimises device time alone (link throughput)."""
+        if objective not in ("total", "device"):
+            raise ValueError(f"objective must be 'total' or 'device', got {objective!r}")
+        self.objective = objective
         unknown = [p for p in paths if p not in PATHS]
         if unknown or not paths:
             raise ValueError(f"paths must be a non-empty subset of {', '.join(PATHS)}, got {list(paths)}")
@@ -94,7 +100,9 @@ class CopySelector:
 
     def kernel_cta_options(self, direction: str) -> list[int]:
         opts = {grid_ctas(self.hw, direction), plateau_ctas(self.hw, direction, self.fraction)}
-        return sorted(opts)
+        if self.objective == "device":  # more CTAs than the model's knee buy margin
+            opts |= {8, 16, 32}
+        return sorted(o for o in opts if o <= self.hw.kernel.sm_count)
 
     def price(self, path: str, direction: str, pool_slot_bytes: Sequence[int], pages: int,
               aligned: bool = True, ctas: int | None = None) -> CopyEstimate:
@@ -114,7 +122,8 @@ class CopySelector:
         for path in self.paths:
             for ctas in (self.kernel_cta_options(direction) if path == "kernel" else [None]):
                 est = self.price(path, direction, pool_slot_bytes, pages, aligned, ctas)
-                cands.append((est.seconds + est.host_seconds, ctas or 0, path, est))
+                cost = est.seconds + (est.host_seconds if self.objective == "total" else 0.0)
+                cands.append((cost, ctas or 0, path, est))
         cands.sort(key=lambda c: (c[0], c[1]))
         best = cands[0]
         sel = Selection(best[2], best[3], tuple((c[2], c[3].ctas, c[0]) for c in cands))

@@ -213,20 +213,26 @@ def _build(data: dict, sources: dict[str, str], filename: str) -> HardwareSpec:
     return spec
 
 
-def load_hardware(name_or_path: str | Path) -> HardwareSpec:
-    """A preset by name, or a hardware JSON file by path."""
+def load_preset_json(name_or_path: str | Path, preset_dir: Path, what: str) -> tuple[Path, Any]:
+    """A preset by name from ``preset_dir``, or a JSON file by path: (path, parsed data).
+    Errors name the file (and the line, for malformed JSON)."""
     path = Path(name_or_path)
     if not path.suffix:
-        path = PRESET_DIR / f"{name_or_path}.json"
+        path = preset_dir / f"{name_or_path}.json"
         if not path.exists():
-            raise ConfigError(f"unknown hardware preset {str(name_or_path)!r} "
-                              f"(known: {', '.join(preset_names())}; or give a JSON file path)")
-    filename = str(path)
+            known = ", ".join(sorted(p.stem for p in preset_dir.glob("*.json")))
+            raise ConfigError(f"unknown {what} preset {str(name_or_path)!r} "
+                              f"(known: {known}; or give a JSON file path)")
     try:
-        data = json.loads(path.read_text())
+        return path, json.loads(path.read_text())
     except OSError as e:
-        raise ConfigError(f"{filename}: cannot read: {e.strerror or e}") from None
+        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
     except json.JSONDecodeError as e:
-        raise ConfigError(f"{filename}:{e.lineno}: malformed JSON: {e.msg}") from None
+        raise ConfigError(f"{path}:{e.lineno}: malformed JSON: {e.msg}") from None
+
+
+def load_hardware(name_or_path: str | Path) -> HardwareSpec:
+    """A preset by name, or a hardware JSON file by path."""
+    path, data = load_preset_json(name_or_path, PRESET_DIR, "hardware")
     sources: dict[str, str] = {}
-    return _build(_strip_sources(data, "", sources, filename), sources, filename)
+    return _build(_strip_sources(data, "", sources, str(path)), sources, str(path))

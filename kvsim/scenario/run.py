@@ -202,7 +202,6 @@ def _merge_by_time(threads: dict) -> Iterator[tuple[str, Call]]:
 
 def _execute_sim(scenario: Scenario, progress=None) -> dict:
     from kvsim.hardware import load_hardware
-    from kvsim.sim import metrics
     from kvsim.sim.cpu_cost import load_cpu_model
     from kvsim.sim.executor import SimExecutor, SimOptions
 
@@ -236,15 +235,7 @@ def _execute_sim(scenario: Scenario, progress=None) -> dict:
         deadlocks.append({"kind": "stuck", "threads": stuck})
     deadlocks += [{"kind": h.kind, "thread": h.thread, "api": h.api, "time": h.time}
                   for h in run.lock.hazards]
-    lock = metrics.lock_summary(run)
-    out = _common(scenario, manager, records, run.violations) | {
-        "api": metrics.per_api(run.calls),
-        "lock": lock,
-        "starvation": lock["starvation"],
-        "deadlocks": deadlocks,
-        "link": metrics.link_summary(run),
-        "copies": metrics.copies_summary(run),
-        "hardware": hardware.name,
+    out = _timed_results(scenario, manager, run, records, deadlocks, hardware) | {
         "cpu_model": cpu.name,
         "sim": {"end_time_s": run.end_time, "events": run.events_processed,
                 "options": {k: (dict(v) if k == "gil_release" else v)
@@ -252,8 +243,6 @@ def _execute_sim(scenario: Scenario, progress=None) -> dict:
         "setup_failures": setup_failed,
         "_wall_s": wall,  # not written to results.json (varies run to run)
     }
-    if any(c.api == "KVCacheManager.probe_reuse" for c in run.calls):
-        out["probe"] = metrics.probes_during_holds(run)
     return out
 
 
@@ -265,7 +254,6 @@ def _execute_hw(scenario: Scenario) -> dict:
     """Real threads, the real lock and (copier ``cuda``) real copies on a GPU."""
     from hw.executor import HwExecutor, HwOptions, NullCopier
     from kvsim.hardware import load_hardware
-    from kvsim.sim import metrics
 
     hardware = load_hardware(scenario.hardware)
     manager = KVCacheManager(scenario.manager)
@@ -314,6 +302,23 @@ def _execute_hw(scenario: Scenario) -> dict:
             pools.close()
     records = [_sim_record(c) for c in run.calls]
     deadlocks = [{"kind": "stuck", "threads": run.stuck}] if run.stuck else []
+    out = _timed_results(scenario, manager, run, records, deadlocks, hardware) | {
+        "hw": {"copier": copier.name, "verify": h.verify, "thread_errors": run.errors,
+               "pages_verified": getattr(copier, "pages_verified", 0),
+               "pages_signed": getattr(copier, "pages_signed", 0),
+               "end_time_s": run.end_time,
+               "recorded_trace": h.record_trace,
+               "unrecorded_calls": executor.unrecorded + unrecorded_setup if recorder else None},
+        "setup_failures": setup_failed,
+    }
+    return out
+
+
+def _timed_results(scenario: Scenario, manager: KVCacheManager, run, records: list[dict],
+                   deadlocks: list[dict], hardware) -> dict:
+    """The results both timed executors (sim, hw) share, from a run's records."""
+    from kvsim.sim import metrics
+
     lock = metrics.lock_summary(run)
     out = _common(scenario, manager, records, run.violations) | {
         "api": metrics.per_api(run.calls),
@@ -323,13 +328,6 @@ def _execute_hw(scenario: Scenario) -> dict:
         "link": metrics.link_summary(run),
         "copies": metrics.copies_summary(run),
         "hardware": hardware.name,
-        "hw": {"copier": copier.name, "verify": h.verify, "thread_errors": run.errors,
-               "pages_verified": getattr(copier, "pages_verified", 0),
-               "pages_signed": getattr(copier, "pages_signed", 0),
-               "end_time_s": run.end_time,
-               "recorded_trace": h.record_trace,
-               "unrecorded_calls": executor.unrecorded + unrecorded_setup if recorder else None},
-        "setup_failures": setup_failed,
     }
     if any(c.api == "KVCacheManager.probe_reuse" for c in run.calls):
         out["probe"] = metrics.probes_during_holds(run)

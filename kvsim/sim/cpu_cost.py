@@ -12,11 +12,11 @@ submission of the copies, so the executor does not add the copy path's host cost
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from kvsim.errors import ConfigError
+from kvsim.hardware.spec import load_preset_json
 from kvsim.manager.plan import WorkCounts
 
 CPU_PRESET_DIR = Path(__file__).resolve().parents[1] / "hardware" / "cpu"
@@ -61,18 +61,7 @@ class CpuCostModel:
 
 
 def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
-    path = Path(name_or_path)
-    if not path.suffix:
-        path = CPU_PRESET_DIR / f"{name_or_path}.json"
-        if not path.exists():
-            raise ConfigError(f"unknown CPU cost preset {str(name_or_path)!r} "
-                              f"(known: {', '.join(cpu_preset_names())}; or a JSON file path)")
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}:{e.lineno}: malformed JSON: {e.msg}") from None
+    path, data = load_preset_json(name_or_path, CPU_PRESET_DIR, "CPU cost")
     sources: dict[str, str] = {}
 
     def value(key: str, entry: object) -> float:

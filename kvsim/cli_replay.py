@@ -15,11 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -92,19 +89,13 @@ def _draw(curve: dict, path: Path, title: str) -> None:
 
 def write_report(curve: dict, meta: dict, out_dir: Path) -> None:
     """``results.json`` (the curve plus ``meta``) and ``hit_rate.png``, written atomically."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    from kvsim.report.atomic import atomic_directory
+
+    with atomic_directory(out_dir) as tmp:
         (tmp / "results.json").write_text(json.dumps(curve | meta, indent=1, sort_keys=True) + "\n")
         title = (f"Cache-only replay of {Path(meta['trace']).name} "
                  f"({meta['tokens_per_block']} tokens/block)")
         _draw(curve, tmp / "hit_rate.png", title)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,11 +23,8 @@ import copy
 import csv
 import io
 import json
-import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -462,12 +459,10 @@ def public(results: dict) -> dict:
 
 def write_results(results: dict, out_dir: Path) -> None:
     """Write results.json, calls.csv and the report into ``out_dir``, atomically."""
+    from kvsim.report.atomic import atomic_directory
     from kvsim.report.scenario_report import write_report
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with atomic_directory(Path(out_dir)) as tmp:
         (tmp / "results.json").write_text(json.dumps(public(results), indent=1, sort_keys=True) + "\n")
         (tmp / "calls.csv").write_text(_calls_csv(results))
         for name, v_results in results.get("_variant_results", {}).items():
@@ -477,12 +472,6 @@ def write_results(results: dict, out_dir: Path) -> None:
                 json.dumps(public(v_results), indent=1, sort_keys=True) + "\n")
             write_report(v_results, vdir)
         write_report(results, tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def run_scenario_cli(args: argparse.Namespace) -> int:

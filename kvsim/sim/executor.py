@@ -225,6 +225,11 @@ class SimExecutor:
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up
         mid-way when a waiter's switch interval asks for it (then queues to get it back)."""
+        if not self.cpu.holds_gil:  # C++ manager: short Python edges, no forced switch to model
+            yield from self._take_gil(thread, api)
+            if seconds > 0.0:
+                yield self._delay(seconds)
+            return
         remaining = seconds
         while True:
             yield from self._take_gil(thread, api)

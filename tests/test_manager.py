@@ -527,3 +527,38 @@ def test_pages_are_numpy_rows_not_objects():
     c = active(mgr, capacity=200)
     assert isinstance(c.page_ids(0), np.ndarray)
     assert mgr.storage.pages.num_live == 50
+
+
+def test_a_failing_priority_callback_during_partial_reuse_changes_nothing():
+    # Found by the stateful tests: references were taken before the callback was asked.
+    mgr = KVCacheManager(small_config(gpu_pages=16, host_pages=16, partial_reuse=True))
+    a = active(mgr, capacity=12)
+    a.commit(tokens(1, 12))
+    a.close()
+    before = fingerprint(mgr)
+    with pytest.raises(InvalidArgumentError, match="priority callback returned 101"):
+        mgr.create_kv_cache(tokens(1, 9), priority_callback=lambda block, lc: 101)
+    assert fingerprint(mgr) == before
+    check_invariants(mgr)
+
+
+def test_committing_after_the_tail_block_left_the_tree_reattaches_it():
+    # Found by the stateful tests: a's last committed block lost its node (its page was
+    # replaced by b's, then dropped), and a's next block hung from the removed node.
+    mgr = KVCacheManager(small_config(gpu_pages=4, host_pages=2, max_util_for_resume=1.0))
+    a, b = mgr.create_kv_cache(), mgr.create_kv_cache()
+    assert a.resume() and a.resize(4)
+    a.commit(tokens(1, 4))
+    a.suspend()
+    assert b.resume() and b.resize(16)  # a's held page goes to the host
+    b.commit(tokens(1, 4))  # the node takes b's GPU page; a's copy is no longer committed
+    b.close()
+    c = active(mgr, capacity=16)
+    c.commit([9, 9, 9, 9])
+    c.close()
+    d = active(mgr, capacity=16)  # the host drops the node's page: the node is removed
+    d.close()
+    assert a.resume() and a.resize(8)
+    a.commit(tokens(5, 4))
+    check_invariants(mgr)
+    assert mgr.probe_reuse(tokens(1, 8)) == 8

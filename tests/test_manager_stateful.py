@@ -150,15 +150,15 @@ def _low_priority(block: int, life_cycle: int) -> int:
 # Known manager bugs (reported, not fixed here). While a name is listed, the machines steer around
 # that bug so the suite stays green; remove it once fixed and the rules expect the correct
 # behaviour instead.
-# * "create-callback-leak": create_kv_cache with partial reuse calls the priority callback for
+# * (fixed) "create-callback-leak": create_kv_cache with partial reuse calls the priority callback for
 #   the copied partial block after it has already taken references on the matched pages; a
 #   callback error then escapes with the holder counts raised and nothing owning them.
 #   Expected: InvalidArgumentError and the manager unchanged.
-# * "orphaned-tail": a cache's last committed node can leave the tree (another cache's commit
+# * (fixed) "orphaned-tail": a cache's last committed node can leave the tree (another cache's commit
 #   replaced the node's page while this cache's copy sat off the GPU, then that page was
 #   dropped); the cache's next commit hangs a node under the removed parent.
 #   Expected: the commit (or stop_committing) keeps the tree consistent.
-KNOWN_BUGS = frozenset({"create-callback-leak", "orphaned-tail"})
+KNOWN_BUGS: frozenset[str] = frozenset()  # both bugs this file found are fixed
 
 
 @dataclass

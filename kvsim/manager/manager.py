@@ -113,12 +113,13 @@ class KVCacheManager:
             plan.counts.events_emitted += 1
             self.event_sink(event)
 
-    def _priorities(self, cache: KvCache, ordinals: np.ndarray, lc: int, plan: Plan) -> np.ndarray:
-        if cache.priority_callback is None or ordinals.size == 0:
+    def _priorities(self, callback: PriorityCallback | None, ordinals: np.ndarray, lc: int,
+                    plan: Plan) -> np.ndarray:
+        if callback is None or ordinals.size == 0:
             return np.full(ordinals.size, self.config.default_priority, dtype=np.int16)
         out = np.empty(ordinals.size, dtype=np.int16)
         for i, b in enumerate(ordinals.tolist()):
-            value = cache.priority_callback(b, lc)
+            value = callback(b, lc)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
                     or not 0 <= value <= 100:
                 raise InvalidArgumentError(
@@ -250,29 +251,43 @@ class KVCacheManager:
                     cache_id += 1
             elif cache_id in self._caches:
                 raise InvalidArgumentError(f"cache id {cache_id!r} is already open")
+            match = self._match(scope, toks)
+            partial, n_partial = self._feasible_partial(match)
+            # The priority callback may raise: ask it about the partial block's new pages now,
+            # before anything changes.
+            partial_priorities = None
+            if partial is not None:
+                ordinal = np.array([len(match.nodes)])
+                partial_priorities = {
+                    pg.index: np.concatenate([self._priorities(priority_callback, ordinal, lc, plan)
+                                              for lc in pg.life_cycles])
+                    for pg in self.layout.pool_groups}
             # Validation done: from here on nothing fails.
             plan.counts.roots_erased += self.tree.drain_root_erasures()
-            match = self._match(scope, toks)
             cache = KvCache(self, cache_id, scope, priority_callback)
-            self._adopt_match(cache, match, toks, plan)
+            self._adopt_match(cache, match, toks, plan, partial, n_partial, partial_priorities)
             self._caches[cache_id] = cache
             if cache_id == self._next_cache_id:
                 self._next_cache_id += 1
             return cache
 
-    def _adopt_match(self, cache: KvCache, match: _Match, toks: np.ndarray, plan: Plan) -> None:
+    def _feasible_partial(self, match: _Match) -> tuple[Node | None, int]:
+        """The partial block is copied into a fresh GPU page per life cycle; only when the GPU
+        level has the slots free (create never evicts for it)."""
+        if match.partial is None:
+            return None, 0
+        for pg in self.layout.pool_groups:
+            if self.storage.allocators[0][pg.index].num_free < len(pg.life_cycles):
+                return None, 0
+        return match.partial, match.partial_tokens
+
+    def _adopt_match(self, cache: KvCache, match: _Match, toks: np.ndarray, plan: Plan,
+                     partial: Node | None, n_partial: int,
+                     partial_priorities: dict[int, np.ndarray] | None) -> None:
         tpb = self.layout.tokens_per_block
         p = self.storage.pages
         nodes = match.nodes
         k = len(nodes)
-        partial, n_partial = match.partial, match.partial_tokens
-        if partial is not None:
-            # The partial block is copied into a fresh GPU page per life cycle; only when the GPU
-            # level has the slots free (create never evicts for it).
-            for pg in self.layout.pool_groups:
-                if self.storage.allocators[0][pg.index].num_free < len(pg.life_cycles):
-                    partial, n_partial = None, 0
-                    break
         history = k * tpb + n_partial
         num_blocks = k + (1 if partial is not None else 0)
         plan.counts.tree_nodes_visited += num_blocks
@@ -293,7 +308,7 @@ class KVCacheManager:
         p.last_used[held] = self._now
         plan.counts.pages_touched += held.size
         if partial is not None:
-            self._copy_partial(cache, partial, k, plan)
+            self._copy_partial(cache, partial, k, partial_priorities, plan)
             alloc_new += 1
         missed = np.full(n_lc, max(0, input_blocks - num_blocks), dtype=np.int64)
         self.stats.record(plan.counts, reused_blocks=reused, missed_blocks=missed,
@@ -305,13 +320,13 @@ class KVCacheManager:
         if k:
             cache._tail_key, cache._tail_node = nodes[-1].key, nodes[-1]
 
-    def _copy_partial(self, cache: KvCache, source: Node, ordinal: int, plan: Plan) -> None:
+    def _copy_partial(self, cache: KvCache, source: Node, ordinal: int,
+                      priorities: dict[int, np.ndarray], plan: Plan) -> None:
         """Give ``cache`` private GPU copies of ``source``'s pages for its last, partial block."""
         p = self.storage.pages
         for pg in self.layout.pool_groups:
             lcs = np.array(pg.life_cycles, dtype=np.int16)
-            prios = np.concatenate([self._priorities(cache, np.array([ordinal]), int(lc), plan)
-                                    for lc in lcs])
+            prios = priorities[pg.index]
             new = self.storage.allocate(0, pg.index, lcs, np.full(lcs.size, ordinal), prios,
                                         self._now, plan)
             p.holders[new] = 1
@@ -409,8 +424,8 @@ class KVCacheManager:
             tables.append(have)
             new_ordinals.append(np.flatnonzero(need & (have < 0)))
             released.append(have[~need & (have >= 0)])
-        priorities = [self._priorities(cache, new_ordinals[lc.index], lc.index, plan)
-                      for lc in self._life_cycles()]
+        priorities = [self._priorities(cache.priority_callback, new_ordinals[lc.index], lc.index,
+                                       plan) for lc in self._life_cycles()]
         gone = np.concatenate(released)
         # Tentatively release, so released committed pages count as evictable and released
         # uncommitted ones as free; undone exactly if room cannot be made.
@@ -470,10 +485,27 @@ class KVCacheManager:
         cache._history = history
 
     # -- commit ---------------------------------------------------------------------------------
+    def _reattach(self, cache: KvCache, root: Root, plan: Plan) -> None:
+        """If the node of the cache's last committed block has left the tree (its pages were
+        dropped and it was removed), put the cache's committed blocks back in, so new blocks hang
+        from a live parent. Blocks still in the tree are found by key; missing ones are re-added
+        with the pages the cache still holds."""
+        tail = cache._tail_node
+        if tail is None or self.tree.nodes.get(tail.node_id) is tail:
+            return
+        tpb = self.layout.tokens_per_block
+        key, cache._tail_node = b"", None
+        for b in range(cache._committed_blocks):
+            block = cache._tokens[b * tpb:(b + 1) * tpb]
+            key = block_key(key, block)
+            cache._tail_node = self._commit_block(cache, root, b, key, block, plan)
+        cache._tail_key = key
+
     def _commit(self, cache: KvCache, toks: np.ndarray, plan: Plan) -> None:
         tpb = self.layout.tokens_per_block
         cache._tokens = np.concatenate([cache._tokens, toks])
         root = self.tree.root_for(cache.scope)
+        self._reattach(cache, root, plan)
         first, full_blocks = cache._committed_blocks, cache._tokens.size // tpb
         if full_blocks > first:
             # One conversion for all new blocks; each key then hashes a slice of one buffer.
@@ -517,6 +549,7 @@ class KVCacheManager:
         tail = cache._tokens[b * tpb:]
         if tail.size:
             root = self.tree.root_for(cache.scope)
+            self._reattach(cache, root, plan)
             self._commit_block(cache, root, b, block_key(cache._tail_key, tail), tail, plan)
         cache._stopped_committing = True
 

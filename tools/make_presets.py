@@ -145,130 +145,102 @@ H200_KERNEL = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text(
 BORROWED["H200_UNALIGNED"] = H200_KERNEL["unaligned_efficiency"]
 
 
-write("h100-pcie", {
-  "name": "h100-pcie",
-  "description": "The seed's host: H100 PCIe on a PCIe Gen4 x16 link (detected 32.0 GB/s, non-coherent).",
-  "gpu": "NVIDIA H100 PCIe",
-  "link": {
-    "kind": "pcie", "coherent": False,
-    "detected_gbps": S(32.0, "seed (DESIGN.md section 5): H100 PCIe detection, non-coherent, 32.0 GB/s (Gen4 x16)"),
-    "per_direction_gbps": {"offload": S(31.5, NOTES + ": PCIe Gen4 x16 raw, per direction"),
-                           "onboard": S(31.5, NOTES + ": PCIe Gen4 x16 raw, per direction")},
-    "bidirectional_factor": "H200_BIDIR"},
-  "copy_engine": {
-    "count": S(3, NOTES + ": asyncEngineCount 3 on H100/H200"),
-    "plateau_gbps": {"offload": S(round(17.45 * GIB, 2), TRT_PCIE + ": H100 PCIe Gen4 copy engine offload 17.45 GiB/s"),
-                     "onboard": S(round(23.88 * GIB, 2), TRT_PCIE + ": H100 PCIe Gen4 copy engine onboard 23.88 GiB/s")},
-    "per_copy_device_us": H100_PER_COPY,
-    "per_call_host_us": "H200_CALL_HOST",
-    "batch_call_host_us": "H200_BATCH_HOST",
-    "batch_descriptor_host_us": "H200_DESC_HOST",
-    "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
-  "kernel": {
-    "sm_count": S(114, "NVIDIA H100 PCIe datasheet: 114 SMs"),
-    "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
-    "latency_us": latency(13.5, TRT_PCIE + ": on PCIe a fixed 32 KiB in flight yields ~13.5 GB/s per CTA (B200 Gen5; assumed for H100 and for onboard)"), "per_cta_max_gbps": NO_CTA_CAP,
-    "plateau_gbps": {"offload": S(round(8.56 * GIB, 2), TRT_PCIE + ": H100 PCIe kernel offload 8.56 GiB/s (Hopper SM->host store cap)"),
-                     "onboard": S(round(23.89 * GIB, 2), TRT_PCIE + ": H100 PCIe kernel onboard 23.89 GiB/s")},
-    "knee_p": KNEE,
-    "bidirectional_factor": "H200_KERNEL_BIDIR",
-    "launch_host_us": "H200_LAUNCH_HOST",
-    "unaligned_efficiency": "H200_UNALIGNED"},
-  "grid_policy": GRID,
-  "device_copy_gbps": S(1000.0, "NVIDIA H100 PCIe datasheet: 2.0 TB/s HBM2e; a copy reads and writes, so half")})
+def borrowed_preset(name, description, gpu, link, ce_count, ce_plateau, sm_count, kernel_latency,
+                    kernel_plateau, device_copy):
+    """A preset for a GPU measured nowhere in this repo: its own link, engine count, SM count and
+    plateaus; Hopper copy-engine behaviour (public H100 figures), KVCM2's kernel geometry, and the
+    host-side costs borrowed from the H200 measurement."""
+    return {
+      "name": name, "description": description, "gpu": gpu, "link": link,
+      "copy_engine": {
+        "count": ce_count,
+        "plateau_gbps": ce_plateau,
+        "per_copy_device_us": H100_PER_COPY,
+        "per_call_host_us": "H200_CALL_HOST",
+        "batch_call_host_us": "H200_BATCH_HOST",
+        "batch_descriptor_host_us": "H200_DESC_HOST",
+        "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
+      "kernel": {
+        "sm_count": sm_count,
+        "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
+        "latency_us": kernel_latency, "per_cta_max_gbps": NO_CTA_CAP,
+        "plateau_gbps": kernel_plateau,
+        "knee_p": KNEE,
+        "bidirectional_factor": "H200_KERNEL_BIDIR",
+        "launch_host_us": "H200_LAUNCH_HOST",
+        "unaligned_efficiency": "H200_UNALIGNED"},
+      "grid_policy": GRID,
+      "device_copy_gbps": device_copy}
 
-write("gh200", {
-  "name": "gh200",
-  "description": "Grace Hopper GH200: NVLink-C2C, 10 links, coherent (ATS).",
-  "gpu": "NVIDIA GH200 (H100 GPU)",
-  "link": {
-    "kind": "c2c", "coherent": True,
-    "detected_gbps": S(447.0, "seed PR #18541: measured on GH200 (10 C2C links, 447 GB/s)"),
-    "per_direction_gbps": {"offload": S(450.0, NOTES + ": NVLink-C2C 900 GB/s total, 450 per direction (NVIDIA blog)"),
-                           "onboard": S(450.0, NOTES + ": NVLink-C2C 900 GB/s total, 450 per direction (NVIDIA blog)")},
-    "bidirectional_factor": S(0.5, NOTES + ": GH200 both directions at once reached about half of peak (public studies)")},
-  "copy_engine": {
-    "count": S(3, NOTES + ": asyncEngineCount 3 on H100/H200 (GH200's GPU is an H100)"),
-    "plateau_gbps": {"offload": S(297.0, NOTES + ": GH200 measured CE D2H about 297 GB/s (public studies)"),
-                     "onboard": S(360.0, NOTES + ": GH200 measured CE H2D about 346-375 GB/s (public studies), midpoint")},
-    "per_copy_device_us": H100_PER_COPY,
-    "per_call_host_us": "H200_CALL_HOST",
-    "batch_call_host_us": "H200_BATCH_HOST",
-    "batch_descriptor_host_us": "H200_DESC_HOST",
-    "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
-  "kernel": {
-    "sm_count": S(132, "NVIDIA GH200 datasheet: H100 GPU with 132 SMs"),
-    "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
-    "latency_us": latency(43.0, TRT + ": kPerCtaGBs 43, profiled on GH200 at 1 MiB pages; directions differ in curve shape, not per-CTA throughput"), "per_cta_max_gbps": NO_CTA_CAP,
-    "plateau_gbps": {"offload": S(355.0, TRT + ": GH200 peaks at 355 GB/s writing host memory"),
-                     "onboard": S(351.0, TRT + ": GH200 peaks at 351 GB/s reading host memory")},
-    "knee_p": KNEE,
-    "bidirectional_factor": "H200_KERNEL_BIDIR",
-    "launch_host_us": "H200_LAUNCH_HOST",
-    "unaligned_efficiency": "H200_UNALIGNED"},
-  "grid_policy": GRID,
-  "device_copy_gbps": S(2000.0, "NVIDIA GH200 datasheet: 4 TB/s HBM3; a copy reads and writes, so half")})
 
-write("gb200", {
-  "name": "gb200",
-  "description": "Grace Blackwell GB200: two B200 GPUs per Grace on NVLink-C2C, coherent; one GPU's share.",
-  "gpu": "NVIDIA B200 (GB200)",
-  "link": {
-    "kind": "c2c", "coherent": True,
-    "detected_gbps": S(223.6, TRT + ": kFallbackCoherentGBs 223.6, the narrower (2 GPUs per Grace) C2C config"),
-    "per_direction_gbps": {"offload": S(223.6, TRT + ": kFallbackCoherentGBs (2 GPUs per Grace C2C)"),
-                           "onboard": S(223.6, TRT + ": kFallbackCoherentGBs (2 GPUs per Grace C2C)")},
-    "bidirectional_factor": S(0.5, NOTES + ": GH200 C2C both directions at once about half of peak (assumed for GB200)")},
-  "copy_engine": {
-    "count": S(4, "assumption: Blackwell asyncEngineCount; no measurement in this repo (calibrate to replace)"),
-    "plateau_gbps": {"offload": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link (achieved fraction measured 79%-86%)"),
-                     "onboard": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link")},
-    "per_copy_device_us": H100_PER_COPY,
-    "per_call_host_us": "H200_CALL_HOST",
-    "batch_call_host_us": "H200_BATCH_HOST",
-    "batch_descriptor_host_us": "H200_DESC_HOST",
-    "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
-  "kernel": {
-    "sm_count": S(148, "NVIDIA B200 datasheet: 148 SMs"),
-    "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
-    "latency_us": latency(43.0, TRT + ": kPerCtaGBs 43 (tuned on GH200, GB200 and B200; platform-independent knees)"), "per_cta_max_gbps": NO_CTA_CAP,
-    "plateau_gbps": {"offload": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link, below kHostSustainedGBs"),
-                     "onboard": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link, below kHostSustainedGBs")},
-    "knee_p": KNEE,
-    "bidirectional_factor": "H200_KERNEL_BIDIR",
-    "launch_host_us": "H200_LAUNCH_HOST",
-    "unaligned_efficiency": "H200_UNALIGNED"},
-  "grid_policy": GRID,
-  "device_copy_gbps": S(4000.0, "NVIDIA B200 datasheet: 8 TB/s HBM3e; a copy reads and writes, so half")})
+write("h100-pcie", borrowed_preset(
+  "h100-pcie", "The seed's host: H100 PCIe on a PCIe Gen4 x16 link (detected 32.0 GB/s, non-coherent).",
+  "NVIDIA H100 PCIe",
+  link={
+      "kind": "pcie", "coherent": False,
+      "detected_gbps": S(32.0, "seed (DESIGN.md section 5): H100 PCIe detection, non-coherent, 32.0 GB/s (Gen4 x16)"),
+      "per_direction_gbps": {"offload": S(31.5, NOTES + ": PCIe Gen4 x16 raw, per direction"),
+                             "onboard": S(31.5, NOTES + ": PCIe Gen4 x16 raw, per direction")},
+      "bidirectional_factor": "H200_BIDIR"},
+  ce_count=S(3, NOTES + ": asyncEngineCount 3 on H100/H200"),
+  ce_plateau={"offload": S(round(17.45 * GIB, 2), TRT_PCIE + ": H100 PCIe Gen4 copy engine offload 17.45 GiB/s"),
+              "onboard": S(round(23.88 * GIB, 2), TRT_PCIE + ": H100 PCIe Gen4 copy engine onboard 23.88 GiB/s")},
+  sm_count=S(114, "NVIDIA H100 PCIe datasheet: 114 SMs"),
+  kernel_latency=latency(13.5, TRT_PCIE + ": on PCIe a fixed 32 KiB in flight yields ~13.5 GB/s per CTA (B200 Gen5; assumed for H100 and for onboard)"),
+  kernel_plateau={"offload": S(round(8.56 * GIB, 2), TRT_PCIE + ": H100 PCIe kernel offload 8.56 GiB/s (Hopper SM->host store cap)"),
+                  "onboard": S(round(23.89 * GIB, 2), TRT_PCIE + ": H100 PCIe kernel onboard 23.89 GiB/s")},
+  device_copy=S(1000.0, "NVIDIA H100 PCIe datasheet: 2.0 TB/s HBM2e; a copy reads and writes, so half")))
 
-write("b200", {
-  "name": "b200",
-  "description": "B200 on an x86 host over PCIe Gen5 x16 (non-coherent).",
-  "gpu": "NVIDIA B200",
-  "link": {
-    "kind": "pcie", "coherent": False,
-    "detected_gbps": S(63.0, NOTES + ": PCIe Gen5 x16 raw per direction (detection reports generation x width)"),
-    "per_direction_gbps": {"offload": S(63.0, NOTES + ": PCIe Gen5 x16 raw, per direction"),
-                           "onboard": S(63.0, NOTES + ": PCIe Gen5 x16 raw, per direction")},
-    "bidirectional_factor": "H200_BIDIR"},
-  "copy_engine": {
-    "count": S(4, "assumption: Blackwell asyncEngineCount; no measurement in this repo (calibrate to replace)"),
-    "plateau_gbps": {"offload": S(round(43.17 * GIB, 2), TRT_PCIE + ": B200 PCIe Gen5 copy engine offload 43.17 GiB/s"),
-                     "onboard": S(round(42.58 * GIB, 2), TRT_PCIE + ": B200 PCIe Gen5 copy engine onboard 42.58 GiB/s")},
-    "per_copy_device_us": H100_PER_COPY,
-    "per_call_host_us": "H200_CALL_HOST",
-    "batch_call_host_us": "H200_BATCH_HOST",
-    "batch_descriptor_host_us": "H200_DESC_HOST",
-    "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
-  "kernel": {
-    "sm_count": S(148, "NVIDIA B200 datasheet: 148 SMs"),
-    "threads_per_cta": THREADS, "tile_bytes": TILE, "default_inflight_bytes": REF_INFLIGHT,
-    "latency_us": latency(13.5, TRT_PCIE + ": on Blackwell PCIe a fixed 32 KiB in flight yields ~13.5 GB/s per CTA (assumed for onboard)"), "per_cta_max_gbps": NO_CTA_CAP,
-    "plateau_gbps": {"offload": S(round(25.13 * GIB, 2), TRT_PCIE + ": B200 PCIe kernel offload 25.13 GiB/s at the policy grid"),
-                     "onboard": S(round(39.99 * GIB, 2), TRT_PCIE + ": B200 PCIe kernel onboard 39.99 GiB/s at the policy grid")},
-    "knee_p": KNEE,
-    "bidirectional_factor": "H200_KERNEL_BIDIR",
-    "launch_host_us": "H200_LAUNCH_HOST",
-    "unaligned_efficiency": "H200_UNALIGNED"},
-  "grid_policy": GRID,
-  "device_copy_gbps": S(4000.0, "NVIDIA B200 datasheet: 8 TB/s HBM3e; a copy reads and writes, so half")})
+write("gh200", borrowed_preset(
+  "gh200", "Grace Hopper GH200: NVLink-C2C, 10 links, coherent (ATS).",
+  "NVIDIA GH200 (H100 GPU)",
+  link={
+      "kind": "c2c", "coherent": True,
+      "detected_gbps": S(447.0, "seed PR #18541: measured on GH200 (10 C2C links, 447 GB/s)"),
+      "per_direction_gbps": {"offload": S(450.0, NOTES + ": NVLink-C2C 900 GB/s total, 450 per direction (NVIDIA blog)"),
+                             "onboard": S(450.0, NOTES + ": NVLink-C2C 900 GB/s total, 450 per direction (NVIDIA blog)")},
+      "bidirectional_factor": S(0.5, NOTES + ": GH200 both directions at once reached about half of peak (public studies)")},
+  ce_count=S(3, NOTES + ": asyncEngineCount 3 on H100/H200 (GH200's GPU is an H100)"),
+  ce_plateau={"offload": S(297.0, NOTES + ": GH200 measured CE D2H about 297 GB/s (public studies)"),
+              "onboard": S(360.0, NOTES + ": GH200 measured CE H2D about 346-375 GB/s (public studies), midpoint")},
+  sm_count=S(132, "NVIDIA GH200 datasheet: H100 GPU with 132 SMs"),
+  kernel_latency=latency(43.0, TRT + ": kPerCtaGBs 43, profiled on GH200 at 1 MiB pages; directions differ in curve shape, not per-CTA throughput"),
+  kernel_plateau={"offload": S(355.0, TRT + ": GH200 peaks at 355 GB/s writing host memory"),
+                  "onboard": S(351.0, TRT + ": GH200 peaks at 351 GB/s reading host memory")},
+  device_copy=S(2000.0, "NVIDIA GH200 datasheet: 4 TB/s HBM3; a copy reads and writes, so half")))
+
+write("gb200", borrowed_preset(
+  "gb200", "Grace Blackwell GB200: two B200 GPUs per Grace on NVLink-C2C, coherent; one GPU's share.",
+  "NVIDIA B200 (GB200)",
+  link={
+      "kind": "c2c", "coherent": True,
+      "detected_gbps": S(223.6, TRT + ": kFallbackCoherentGBs 223.6, the narrower (2 GPUs per Grace) C2C config"),
+      "per_direction_gbps": {"offload": S(223.6, TRT + ": kFallbackCoherentGBs (2 GPUs per Grace C2C)"),
+                             "onboard": S(223.6, TRT + ": kFallbackCoherentGBs (2 GPUs per Grace C2C)")},
+      "bidirectional_factor": S(0.5, NOTES + ": GH200 C2C both directions at once about half of peak (assumed for GB200)")},
+  ce_count=S(4, "assumption: Blackwell asyncEngineCount; no measurement in this repo (calibrate to replace)"),
+  ce_plateau={"offload": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link (achieved fraction measured 79%-86%)"),
+              "onboard": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link")},
+  sm_count=S(148, "NVIDIA B200 datasheet: 148 SMs"),
+  kernel_latency=latency(43.0, TRT + ": kPerCtaGBs 43 (tuned on GH200, GB200 and B200; platform-independent knees)"),
+  kernel_plateau={"offload": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link, below kHostSustainedGBs"),
+                  "onboard": S(round(0.80 * 223.6, 2), TRT + ": kLinkEfficiency 0.80 x link, below kHostSustainedGBs")},
+  device_copy=S(4000.0, "NVIDIA B200 datasheet: 8 TB/s HBM3e; a copy reads and writes, so half")))
+
+write("b200", borrowed_preset(
+  "b200", "B200 on an x86 host over PCIe Gen5 x16 (non-coherent).",
+  "NVIDIA B200",
+  link={
+      "kind": "pcie", "coherent": False,
+      "detected_gbps": S(63.0, NOTES + ": PCIe Gen5 x16 raw per direction (detection reports generation x width)"),
+      "per_direction_gbps": {"offload": S(63.0, NOTES + ": PCIe Gen5 x16 raw, per direction"),
+                             "onboard": S(63.0, NOTES + ": PCIe Gen5 x16 raw, per direction")},
+      "bidirectional_factor": "H200_BIDIR"},
+  ce_count=S(4, "assumption: Blackwell asyncEngineCount; no measurement in this repo (calibrate to replace)"),
+  ce_plateau={"offload": S(round(43.17 * GIB, 2), TRT_PCIE + ": B200 PCIe Gen5 copy engine offload 43.17 GiB/s"),
+              "onboard": S(round(42.58 * GIB, 2), TRT_PCIE + ": B200 PCIe Gen5 copy engine onboard 42.58 GiB/s")},
+  sm_count=S(148, "NVIDIA B200 datasheet: 148 SMs"),
+  kernel_latency=latency(13.5, TRT_PCIE + ": on Blackwell PCIe a fixed 32 KiB in flight yields ~13.5 GB/s per CTA (assumed for onboard)"),
+  kernel_plateau={"offload": S(round(25.13 * GIB, 2), TRT_PCIE + ": B200 PCIe kernel offload 25.13 GiB/s at the policy grid"),
+                  "onboard": S(round(39.99 * GIB, 2), TRT_PCIE + ": B200 PCIe kernel onboard 39.99 GiB/s at the policy grid")},
+  device_copy=S(4000.0, "NVIDIA B200 datasheet: 8 TB/s HBM3e; a copy reads and writes, so half")))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig, eviction_index
+from kvsim.manager.storage import Storage
 
 PAGE = 4096  # bytes per page in the small configurations: two 2 KiB slots
 
@@ -30,3 +31,11 @@ def tokens(start: int, n: int) -> np.ndarray:
 @pytest.fixture
 def mgr() -> KVCacheManager:
     return KVCacheManager(small_config())
+
+
+# Every victim selection in the tests is checked against a full scan of the level, and the
+# index's reservoirs are kept tiny so that the small test configurations exercise their bound and
+# rebuilds (with the production sizes a reservoir would hold every page of a test level).
+Storage.check_eviction_index = True
+eviction_index.RESERVOIR_PAGES = 3
+eviction_index.MAX_PENDING_PAGES = 40

@@ -1,10 +1,10 @@
 """Eviction order: lowest priority first, then least recently used, then deepest block first.
 
 The queue is not kept as a structure; it is a sort key computed over the candidates when victims
-are needed. Every use of a block touches its whole prefix with the same LRU tick, so a prefix is
-never older than its descendants; breaking ties by depth (deeper first) therefore evicts leaves
-before the prefixes they hang from. The last tie-break is the page id, so the order is total and
-deterministic.
+are needed (:mod:`kvsim.manager.eviction_index` keeps those candidates few). Every use of a block
+touches its whole prefix with the same LRU tick, so a prefix is never older than its descendants;
+breaking ties by depth (deeper first) therefore evicts leaves before the prefixes they hang from.
+The last tie-break is the page id, so the order is total and deterministic.
 """
 
 from __future__ import annotations
@@ -29,15 +29,21 @@ def eviction_keys(pages: PageTable, ids: np.ndarray) -> np.ndarray:
 
 
 def select_victims(pages: PageTable, candidates: np.ndarray, n: int) -> np.ndarray:
-    """The ``n`` first pages of ``candidates`` in eviction order, in that order.
+    """The ``n`` first pages of ``candidates`` in eviction order, in that order."""
+    if n <= 0:
+        return candidates[:0]
+    if n > candidates.size:
+        raise ValueError(f"asked for {n} victims among {candidates.size} candidates")
+    return first_in_order(candidates, eviction_keys(pages, candidates), n)
+
+
+def first_in_order(candidates: np.ndarray, keys: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` first of ``candidates`` by (key, page id), in that order.
 
     Uses a partial selection (O(candidates)) and sorts only the chosen pages.
     """
     if n <= 0:
         return candidates[:0]
-    if n > candidates.size:
-        raise ValueError(f"asked for {n} victims among {candidates.size} candidates")
-    keys = eviction_keys(pages, candidates)
     if n < candidates.size:
         kth = np.partition(keys, n - 1)[n - 1]
         below = keys < kth

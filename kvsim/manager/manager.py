@@ -306,6 +306,7 @@ class KVCacheManager:
         held = cache.held_pages()
         p.holders[held] += 1
         p.last_used[held] = self._now
+        self.storage.changed(held)
         plan.counts.pages_touched += held.size
         if partial is not None:
             self._copy_partial(cache, partial, k, partial_priorities, plan)
@@ -329,7 +330,7 @@ class KVCacheManager:
             prios = priorities[pg.index]
             new = self.storage.allocate(0, pg.index, lcs, np.full(lcs.size, ordinal), prios,
                                         self._now, plan)
-            p.holders[new] = 1
+            p.holders[new] = 1  # allocate() reported them
             src = np.array([source.pages[int(lc)] for lc in lcs], dtype=np.int32)
             for level in np.unique(p.level[src]).tolist():
                 sel = p.level[src] == level
@@ -361,6 +362,7 @@ class KVCacheManager:
                 steps += self.storage.plan_room(0, pg.index, n, plan)
         except OutOfPagesError:
             p.lockers[ours] -= 1
+            self.storage.changed(ours)
             plan.ok = False
             return False
         self.storage.apply_eviction(steps, plan)
@@ -374,6 +376,7 @@ class KVCacheManager:
             onboarded = np.bincount(p.life_cycle[onboard], minlength=n_lc).astype(np.int64)
             self.stats.record(plan.counts, alloc_total_blocks=onboarded)
         p.last_used[ours] = self._now
+        self.storage.changed(ours)
         plan.counts.pages_touched += ours.size
         cache._status = CacheStatus.ACTIVE
         return True
@@ -383,6 +386,7 @@ class KVCacheManager:
         ours = cache.held_pages()
         p.lockers[ours] -= 1
         p.last_used[ours] = self._now
+        self.storage.changed(ours)
         plan.counts.pages_touched += ours.size
         cache._status = CacheStatus.SUSPENDED
 
@@ -395,6 +399,7 @@ class KVCacheManager:
         if locked:
             np.subtract.at(p.lockers, ids, 1)
         p.last_used[ids] = self._now
+        self.storage.changed(ids)
         plan.counts.pages_touched += ids.size
         self.storage.free(ids[(p.holders[ids] == 0) & (p.node[ids] < 0)], plan)
 
@@ -433,6 +438,7 @@ class KVCacheManager:
         np.subtract.at(p.holders, gone, 1)
         np.subtract.at(p.lockers, gone, 1)
         p.last_used[gone] = self._now
+        self.storage.changed(gone)
         orphans = gone[(p.holders[gone] == 0) & (p.node[gone] < 0)]
         steps: list[EvictionStep] = []
         try:
@@ -444,6 +450,7 @@ class KVCacheManager:
             np.add.at(p.holders, gone, 1)
             np.add.at(p.lockers, gone, 1)
             p.last_used[gone] = old_last_used
+            self.storage.changed(gone)
             plan.ok = False
             return False
         plan.counts.pages_touched += gone.size
@@ -508,30 +515,35 @@ class KVCacheManager:
         self._reattach(cache, root, plan)
         first, full_blocks = cache._committed_blocks, cache._tokens.size // tpb
         if full_blocks > first:
-            # One conversion for all new blocks; each key then hashes a slice of one buffer.
+            # One conversion (a fresh array) for all new blocks; each key then hashes a slice of
+            # one buffer, and new nodes keep views of it.
             blocks = cache._tokens[first * tpb:full_blocks * tpb].astype("<u4").reshape(-1, tpb)
             raw = blocks.tobytes()
             width = tpb * 4
             nodes_by_key = root.nodes_by_key
             key, tail = cache._tail_key, cache._tail_node
-            fresh_pages: list[int] = []
+            fresh_rows: list[int] = []  # block indexes (into this commit) of new nodes
             fresh_nodes: list[int] = []
-            fast = 0
+            # Each block's page per life cycle, in one conversion.
+            page_table = np.stack([t[first:full_blocks] for t in cache._pages], axis=1)
+            page_rows = page_table.tolist()
+            add_node = self.tree.add_node
             for i, b in enumerate(range(first, full_blocks)):
                 key = hashlib.sha256(key + raw[i * width:(i + 1) * width]).digest()
                 if key in nodes_by_key or self.event_sink is not None:
                     tail = self._commit_block(cache, root, b, key, blocks[i], plan)
                     continue
                 # The common case, a block nobody committed before: a new node owning our pages.
-                ours = [int(t[b]) for t in cache._pages]
-                tail = self.tree.add_node(root, tail, key, blocks[i], ours)
-                fast += 1
-                for page in ours:
-                    if page != NO_PAGE:
-                        fresh_pages.append(page)
-                        fresh_nodes.append(tail.node_id)
-            if fresh_pages:
-                self.storage.pages.node[fresh_pages] = fresh_nodes
+                tail = add_node(root, tail, key, blocks[i], page_rows[i], copy_tokens=False)
+                fresh_rows.append(i)
+                fresh_nodes.append(tail.node_id)
+            fast = len(fresh_rows)
+            if fast:
+                pages = page_table[fresh_rows]
+                nodes = np.broadcast_to(np.array(fresh_nodes, dtype=np.int32)[:, None], pages.shape)
+                has = pages != NO_PAGE
+                self.storage.pages.node[pages[has]] = nodes[has]
+                self.storage.changed(pages[has])
             c = plan.counts  # _commit_block counted its own blocks
             c.blocks_hashed += fast
             c.tree_nodes_visited += fast
@@ -539,6 +551,8 @@ class KVCacheManager:
             cache._tail_key, cache._tail_node = key, tail
         cache._committed_blocks = full_blocks
         ours = cache.held_pages()
+        # Not reported to the eviction index: an ACTIVE cache's pages are locked, hence not
+        # candidates, and whatever unlocks them (suspend, close, release) reports them then.
         self.storage.pages.last_used[ours] = self._now
         if cache._tokens.size > cache._history:
             self._advance_history(cache, int(cache._tokens.size), plan)
@@ -568,9 +582,11 @@ class KVCacheManager:
             for page in ours:
                 if page != NO_PAGE:
                     p.node[page] = node.node_id
+            self.storage.changed([page for page in ours if page != NO_PAGE])
             self._emit({"type": "stored", "scope": root.scope, "block": ordinal,
                         "num_tokens": int(tokens.size)}, plan)
             return node
+        self.storage.changed([page for page in (*ours, *node.pages) if page != NO_PAGE])
         for lc, mine in enumerate(ours):
             theirs = node.pages[lc]
             if theirs == mine:
@@ -648,6 +664,7 @@ class KVCacheManager:
             if removed:
                 self._emit({"type": "removed", "scope": node.root.scope, "block": node.depth,
                             "num_nodes": removed}, plan)
+        self.storage.changed(ids)
 
     # -- manager-wide operations --------------------------------------------------------------
     def resize(self, cache_level: int, quota: int | Sequence[int]) -> bool:

@@ -117,9 +117,12 @@ class RadixTree:
         return root
 
     def add_node(self, root: Root, parent: Node | None, key: bytes, tokens: np.ndarray,
-                 pages: list[int]) -> Node:
+                 pages: list[int], copy_tokens: bool = True) -> Node:
+        """A new node; ``copy_tokens=False`` when the caller hands over a buffer nobody else
+        writes (the node then keeps a view of it)."""
         depth = 0 if parent is None else parent.depth + 1
-        node = Node(self._next_node_id, key, root, parent, depth, tokens.copy(), pages)
+        node = Node(self._next_node_id, key, root, parent, depth,
+                    tokens.copy() if copy_tokens else tokens, pages)
         self._next_node_id += 1
         root.nodes_by_key[key] = node
         (root.children if parent is None else parent.children)[key] = node

@@ -16,6 +16,7 @@ import numpy as np
 from kvsim.errors import OutOfPagesError
 from kvsim.manager.config import StorageLayout
 from kvsim.manager.eviction import select_victims
+from kvsim.manager.eviction_index import EvictionIndex
 from kvsim.manager.pages import PageTable
 from kvsim.manager.plan import CopyBatch, Plan
 from kvsim.manager.slots import SlotAllocator
@@ -33,11 +34,15 @@ class EvictionStep:
 
 
 class Storage:
+    # Tests set this: every victim selection through the index is checked against a full scan.
+    check_eviction_index = False
+
     def __init__(self, layout: StorageLayout, stats: Statistics | None = None) -> None:
         self.layout = layout
         self.pages = PageTable()
         self.allocators = [[SlotAllocator(n) for n in level] for level in layout.level_slots]
         self.last_level = layout.num_levels - 1
+        self.index = EvictionIndex(self.pages, self.allocators, self.last_level)
         self.stats = stats
         # Called with the ids of committed pages about to be dropped, so the radix tree can
         # forget them before their rows are freed.
@@ -48,8 +53,12 @@ class Storage:
         return self.allocators[level][group].num_slots
 
     def evictable_at(self, level: int, group: int) -> np.ndarray:
-        used = self.allocators[level][group].used_pages()
-        return used[self.pages.evictable(used, self.last_level)]
+        return self.index.scan(level, group)
+
+    def changed(self, ids: np.ndarray | list[int]) -> None:
+        """Callers report every page whose holders, lockers, node, level or LRU tick they
+        change, so the eviction index stays exact (see :mod:`kvsim.manager.eviction_index`)."""
+        self.index.changed(ids)
 
     def block_stats(self) -> np.ndarray:
         """(levels, pool groups, 3): available, unavailable and evictable blocks per cell."""
@@ -73,19 +82,29 @@ class Storage:
         short = num_pages - self.allocators[level][group].num_free - extra_free
         if short <= 0:
             return []
-        candidates = self.evictable_at(level, group)
+        victims, evictable, ranked = self.index.select(level, group, short)
         plan.counts.eviction_rounds += 1
-        plan.counts.eviction_candidates += int(candidates.size)
-        if candidates.size < short:
+        plan.counts.eviction_candidates += ranked
+        if self.check_eviction_index:
+            self._check_index(level, group, short, victims)
+        if victims is None:
             raise OutOfPagesError(
                 f"level {self.layout.level_names[level]!r} pool group {group}: need {short} more "
-                f"slots, only {candidates.size} evictable pages"
+                f"slots, only {evictable} evictable pages"
             )
-        victims = select_victims(self.pages, candidates, short)
         if level == self.last_level:
             return [EvictionStep(level, group, victims, None)]
         colder = self.plan_room(level + 1, group, short, plan)
         return colder + [EvictionStep(level, group, victims, level + 1)]
+
+    def _check_index(self, level: int, group: int, n: int, victims: np.ndarray | None) -> None:
+        scanned = self.evictable_at(level, group)
+        expected = None if scanned.size < n else select_victims(self.pages, scanned, n)
+        got = None if victims is None else victims.tolist()
+        if got != (None if expected is None else expected.tolist()):
+            raise AssertionError(f"eviction index at level {level} group {group} chose {got} "
+                                 f"for {n} victims; a full scan chooses "
+                                 f"{None if expected is None else expected.tolist()}")
 
     def apply_eviction(self, steps: list[EvictionStep], plan: Plan) -> None:
         for step in steps:
@@ -105,6 +124,7 @@ class Storage:
         self.allocators[src][group].release(src_slots)
         pages.level[ids] = dst
         pages.slot[ids] = dst_slots
+        self.changed(ids)
         pg = self.layout.pool_groups[group]
         batch = CopyBatch(src, dst, group, src_slots, dst_slots, pg.pool_slot_bytes)
         plan.copies.append(batch)
@@ -165,6 +185,7 @@ class Storage:
         p.depth[ids] = depths
         p.priority[ids] = priorities
         p.last_used[ids] = tick
+        self.changed(ids)
         plan.counts.pages_allocated += ids.size
         plan.counts.slots_allocated += ids.size
         plan.counts.pages_touched += ids.size
@@ -181,6 +202,7 @@ class Storage:
                 sel = (levels == lv) & (groups == g)
                 self.allocators[lv][g].release(slots[sel])
         p.free(ids)
+        self.changed(ids)
         plan.counts.pages_freed += ids.size
         plan.counts.slots_freed += ids.size
 

@@ -1,0 +1,78 @@
+"""The eviction index picks exactly the victims a full scan picks, and the check that says so
+can fail.
+
+``tests/conftest.py`` turns on ``Storage.check_eviction_index`` (every selection compared with a
+full scan) and shrinks the reservoirs to 3 pages, so every manager test exercises the index.
+These tests add a long random workload on a bigger tier, where the reservoir's bound decides most
+selections, and show that an unreported change is caught.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvsim.manager import KVCacheManager
+from kvsim.manager.plan import Plan
+from tests.conftest import small_config, tokens
+
+
+def _churn(mgr: KVCacheManager, rng: np.random.Generator, steps: int) -> None:
+    """Requests that share prefixes, grow, suspend, resume and close, on a full GPU tier."""
+    open_caches = []
+    for _ in range(steps):
+        roll = rng.random()
+        if roll < 0.35 or not open_caches:
+            prefix = int(rng.integers(0, 6)) * 1000
+            toks = tokens(prefix, int(rng.integers(4, 40)))
+            cache = mgr.create_kv_cache(input_tokens=toks)
+            if cache.resume() and cache.resize(toks.size + 8):
+                cache.commit(toks[cache.num_committed_tokens:])  # past the reused prefix
+                open_caches.append(cache)
+            else:
+                cache.close()
+        elif roll < 0.6:
+            cache = open_caches[int(rng.integers(0, len(open_caches)))]
+            if cache.status.name == "ACTIVE":
+                grow = cache.capacity + int(rng.integers(1, 12))
+                if cache.resize(grow):
+                    cache.commit(tokens(int(rng.integers(0, 10**6)), grow - cache.num_committed_tokens))
+        elif roll < 0.8:
+            cache = open_caches[int(rng.integers(0, len(open_caches)))]
+            if cache.status.name == "ACTIVE":
+                cache.suspend()
+            else:
+                cache.resume()
+        else:
+            cache = open_caches.pop(int(rng.integers(0, len(open_caches))))
+            cache.close()
+
+
+def test_index_matches_full_scans_over_a_long_random_workload() -> None:
+    mgr = KVCacheManager(small_config(gpu_pages=64, host_pages=96))
+    _churn(mgr, np.random.default_rng(11), 600)  # every selection is checked (conftest)
+    index = mgr.storage.index
+    assert index.selections > 100
+    # Most selections were answered from a reservoir, not by a full scan.
+    assert 0 < index.rebuilds < index.selections / 2
+
+
+def test_an_unreported_change_is_caught_by_the_check() -> None:
+    """Make a page evictable behind the index's back: the selection differs from a full scan and
+    the check raises, naming both answers."""
+    mgr = KVCacheManager(small_config(gpu_pages=16, host_pages=32))
+    a = mgr.create_kv_cache(input_tokens=tokens(0, 40))
+    assert a.resume() and a.resize(40)
+    a.commit(tokens(0, 40))
+    a.suspend()  # 10 committed pages, held by a suspended cache: evictable
+    storage = mgr.storage
+    storage.plan_room(0, 0, storage.allocators[0][0].num_free + 1, Plan("probe"))  # builds
+    b = mgr.create_kv_cache(input_tokens=tokens(500, 8))
+    assert b.resume() and b.resize(8)
+    b.commit(tokens(500, 8))  # 2 locked pages, not candidates
+    storage.plan_room(0, 0, storage.allocators[0][0].num_free + 1, Plan("probe"))  # sees them
+    page = int(b.held_pages()[0])
+    storage.pages.lockers[page] = 0  # now HELD and evictable, with the newest tick: not reported
+    storage.pages.last_used[page] = 0  # ... and the oldest tick, so it should go first
+    with pytest.raises(AssertionError, match="eviction index"):
+        storage.plan_room(0, 0, storage.allocators[0][0].num_free + 1, Plan("probe"))

@@ -61,11 +61,41 @@ def _migration_figure(results: dict, path: Path) -> None:
 
 # -- sim executor figures --------------------------------------------------------------------
 
+LINK_SEGMENTS_DRAWN = 2000  # above this many rate segments the link plot shows binned means
+LINK_BINS = 400
+
+
+def _link_bins(segs: list, col: int = 2) -> tuple[np.ndarray, np.ndarray, float]:
+    """Mean rate of column ``col`` per time bin: (bin starts in ms, GB/s, bin width in ms).
+
+    The rate is piecewise constant, so its integral is piecewise linear through the segment
+    ends; a bin's mean is the integral's rise across the bin over its width (gaps count as 0).
+    """
+    a = np.asarray(segs, dtype=float)
+    starts, ends, rate = a[:, 0], a[:, 1], a[:, col]
+    area = np.cumsum(rate * (ends - starts))
+    t = np.column_stack([starts, ends]).ravel()
+    f = np.column_stack([area - rate * (ends - starts), area]).ravel()
+    edges = np.linspace(0.0, ends.max(), LINK_BINS + 1)
+    width = edges[1] - edges[0]
+    mean = np.diff(np.interp(edges, t, f, left=0.0)) / width
+    return edges[:-1] * 1e3, np.append(mean, mean[-1])[:-1], width * 1e3
+
+
 def _timeline_figure(results: dict, path: Path) -> None:
-    """Per thread: lock waits (light) and holds (dark); below, link GB/s per direction."""
+    """Per thread: lock waits (light) and holds (dark); below, link GB/s per direction.
+
+    Long runs are drawn in seconds, with holds and waits at least 1/1500 of the axis wide (so a
+    0.1 ms hold in a 1000 s run stays visible) and the link as mean rates per time bin."""
     calls = [c for c in results["calls"] if c.get("lock_requested_ms") is not None]
     threads = sorted({c["thread"] for c in results["calls"]})
     end_ms = results.get("sim", {}).get("end_time_s", results.get("hw", {}).get("end_time_s", 0)) * 1e3
+    segs = results.get("link", {}).get("segments", [])
+    ends = [c["start_ms"] + c["latency_ms"] for c in results["calls"] if c.get("latency_ms") is not None]
+    ends += [s[1] * 1e3 for s in segs]
+    xmax_ms = max(ends, default=1.0) * 1.02
+    unit, per_ms = ("s", 1e-3) if xmax_ms > 10_000 else ("ms", 1.0)
+    min_width = xmax_ms * per_ms / 1500 if unit == "s" else 0.0
     fig, (ax, ax_link) = new_figure(9.0, 6.0, rows=2)
     for row, thread in enumerate(threads):
         mine = [c for c in calls if c["thread"] == thread]
@@ -75,41 +105,52 @@ def _timeline_figure(results: dict, path: Path) -> None:
         holds = [(c["lock_granted_ms"], (c["lock_released_ms"] if c["lock_released_ms"] is not None
                                          else end_ms) - c["lock_granted_ms"])
                  for c in mine if c["lock_granted_ms"] is not None]
-        ax.broken_barh([w for w in waits if w[1] > 0], (row - 0.4, 0.8), facecolors="#f4b183",
+        waits = [(a * per_ms, max(w * per_ms, min_width)) for a, w in waits if w > 0]
+        holds = [(a * per_ms, max(w * per_ms, min_width)) for a, w in holds]
+        ax.broken_barh(waits, (row - 0.4, 0.8), facecolors="#f4b183",
                        label="wait" if row == 0 else None)
         ax.broken_barh(holds, (row - 0.4, 0.8), facecolors="#2f5597", label="hold" if row == 0 else None)
     marks = [(v["time"], v["thread"], "violation") for v in results["violations"] if "time" in v]
     marks += [(d["time"], t["thread"], "deadlock") for d in results["deadlocks"]
               if d["kind"] == "deadlock" for t in d["cycle"]]
     for kind, marker in (("violation", "x"), ("deadlock", "X")):
-        pts = [(t * 1e3, threads.index(th)) for t, th, k in marks if k == kind and th in threads]
+        pts = [(t * 1e3 * per_ms, threads.index(th)) for t, th, k in marks
+               if k == kind and th in threads]
         if pts:
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, color="red",
                        s=60, zorder=5, label=kind)
-    ax.set_yticks(range(len(threads)))
-    ax.set_yticklabels(threads, fontsize=7)
-    ax.set_title("Manager lock: waits and holds per thread")
-    ax.legend(loc="best", fontsize=8)
+    step = max(1, -(-len(threads) // 24))  # at most ~24 row labels
+    ax.set_yticks(range(0, len(threads), step))
+    ax.set_yticklabels(threads[::step], fontsize=7)
+    ax.set_title("Manager lock: waits and holds per thread"
+                 + (f" (drawn at least {min_width:.2g} {unit} wide)" if min_width else ""))
+    # A fixed place beside the bars: loc="best" scans every bar and took most of a long run's
+    # report time (70K calls: ~45 s).
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.grid(alpha=0.3, axis="x")
-    segs = results.get("link", {}).get("segments", [])
-    if segs:
-        for col, name in ((2, "offload (GPU->host)"), (3, "onboard (host->GPU)")):
+    binned = len(segs) > LINK_SEGMENTS_DRAWN
+    title = "Link utilisation"
+    for col, name in ((2, "offload (GPU->host)"), (3, "onboard (host->GPU)")):
+        if not segs:
+            break
+        if binned:
+            xs, ys, width_ms = _link_bins(segs, col)
+            ax_link.step(xs * per_ms, ys, where="post", label=name)
+            title = f"Link utilisation (mean per bin of {width_ms * per_ms:.3g} {unit})"
+        else:
             xs, ys = [], []
             for s in segs:
-                xs += [s[0] * 1e3, s[1] * 1e3]
+                xs += [s[0] * 1e3 * per_ms, s[1] * 1e3 * per_ms]
                 ys += [s[col], s[col]]
             ax_link.plot(xs, ys, label=name)
-    ax_link.set_xlabel("simulated time (ms)")
+    ax_link.set_xlabel(f"simulated time ({unit})")
     ax_link.set_ylabel("link GB/s")
-    ax_link.set_title("Link utilisation")
+    ax_link.set_title(title)
     if segs:
-        ax_link.legend(loc="upper right", fontsize=8)
+        ax_link.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax_link.grid(alpha=0.3)
-    ends = [c["start_ms"] + c["latency_ms"] for c in results["calls"] if c.get("latency_ms") is not None]
-    ends += [s[1] * 1e3 for s in segs]
-    xmax = max(ends, default=1.0) * 1.02
-    ax.set_xlim(0, xmax)
-    ax_link.set_xlim(0, xmax)
+    ax.set_xlim(0, xmax_ms * per_ms)
+    ax_link.set_xlim(0, xmax_ms * per_ms)
     save(fig, path)
 
 

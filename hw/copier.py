@@ -42,11 +42,17 @@ class PoolCopier:
         self._origin_host = 0.0
         self.pages_verified = 0
         self.pages_signed = 0
+        self.busy_ms = 0.0
+        self.sm_clock_mhz_at_start: int | None = None
 
-    def warm_up(self) -> None:
+    def warm_up(self, busy_ms: float = 0.0) -> None:
         """Run every path once per direction on one page (slot 0), so kernel compilation (NVRTC)
-        and handle creation stay out of the measured calls. Before signing: it overwrites slot 0."""
+        and handle creation stay out of the measured calls. Before signing: it overwrites slot 0.
+        Then, with ``busy_ms``, spin every SM that long (:func:`hw.gpu_clocks.keep_busy`), so the
+        measured phase starts on a GPU out of its idle clocks; the SM clock is read just after."""
         import numpy as np
+
+        from hw.gpu_clocks import keep_busy, sm_clock_mhz
 
         layout = self.pools.layout
         if layout.num_levels < 2:
@@ -60,6 +66,10 @@ class PoolCopier:
                 for path in ("kernel", "ce-batch", "ce-page"):
                     self.pools.copy_batch(batch, path, self.plan_copier.stream)
         self.plan_copier.stream.synchronize()
+        self.busy_ms = busy_ms
+        if busy_ms > 0:
+            keep_busy(busy_ms, self.plan_copier.stream)
+        self.sm_clock_mhz_at_start = sm_clock_mhz(self.pools.device)
 
     def sign_all(self, manager: KVCacheManager) -> None:
         """Before the run: sign every live page (setup ran without real copies)."""

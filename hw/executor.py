@@ -205,9 +205,11 @@ class HwExecutor:
         except Exception as e:  # noqa: BLE001 - a thread's crash is reported, not lost
             self._errors.append(f"{name}: {type(e).__name__}: {e}")
 
-    def run(self, threads: Mapping[str, Iterator[Step]], join_timeout_s: float = 600.0) -> HwRun:
+    def run(self, threads: Mapping[str, Iterator[Step]], join_timeout_s: float = 600.0,
+            warm_gpu_ms: float = 0.0) -> HwRun:
+        """Run ``threads``; a GPU copier first warms up (and spins the GPU ``warm_gpu_ms``)."""
         if hasattr(self.copier, "warm_up"):
-            self.copier.warm_up()
+            self.copier.warm_up(warm_gpu_ms)
         self.copier.sign_all(self.manager)
         self.t0 = time.perf_counter()
         self.lock.t0 = self.t0

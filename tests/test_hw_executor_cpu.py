@@ -54,3 +54,29 @@ workload:
     assert Counter(c["thread"] for c in sim["calls"])["setup"] == len(
         [x for x in lines if x["thread"] == "setup"])
     assert all(c["ok"] for c in sim["calls"])
+
+
+def test_warmup_runs_are_discarded_and_the_measured_run_is_reported(monkeypatch):
+    """hw.warmup_runs runs the whole scenario first (fresh managers), then reports one run."""
+    import kvsim.scenario.run as run_module
+
+    runs = []
+    real = run_module._execute_hw_once
+    monkeypatch.setattr(run_module, "_execute_hw_once", lambda sc: runs.append(sc) or real(sc))
+    out = execute(load_scenario(BUGS / "probe_drain.yaml", [
+        "executor=hw", "hw.copier=none", "workload.probes_per_thread=5", "hw.warmup_runs=2"]))
+    assert len(runs) == 3
+    assert [r.hw.warmup_runs for r in runs] == [0, 0, 2]  # warm-ups do not recurse
+    assert out["hw"]["warmup_runs"] == 2 and out["hw"]["warm_gpu_ms"] == 0.0
+    assert out["api"]["KVCacheManager.probe_reuse"]["count"] == 8 * 5  # one run's calls
+
+
+def test_host_overhead_calibration_times_the_lock_and_the_executor():
+    from kvsim.calibration.host_overhead import executor_call_overhead, lock_costs
+
+    lock = lock_costs(loops=200, repeats=3)
+    assert set(lock) == {"shared", "exclusive"}
+    assert all(0 < v["us"] < 1000 and len(v["samples_us"]) == 3 for v in lock.values())
+    over = executor_call_overhead(calls=60)
+    assert set(over["by_api_us"]) == {"KVCacheManager.probe_reuse", "KvCache.resize"}
+    assert over["calls"] == 54 and over["us"] > 0

@@ -94,6 +94,8 @@ def test_a_different_seed_changes_the_filler_tokens_only(tmp_path):
     ("seed: 3", "seed: 3\nseed: 4", r"s.yaml:3: seed: duplicate key"),
     ("      window_tokens: 16", "      window_tokens: 16\n      sink_tokens: 2.5",
      r"manager.layers.1.sink_tokens: must be an integer"),
+    ("seed: 3", "seed: 3\nhw:\n  warmup_runs: -1", r"s.yaml:4: hw.warmup_runs: must be in \[0, 100\]"),
+    ("seed: 3", "seed: 3\nhw:\n  warm_gpu_ms: -5", r"s.yaml:4: hw.warm_gpu_ms: must be in \[0.0, 60000.0\]"),
 ])
 def test_invalid_scenarios_name_file_line_and_field(tmp_path, old, new, message):
     text = SMALL.replace(old, new)

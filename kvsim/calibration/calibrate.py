@@ -16,7 +16,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvsim.calibration import cpu_fit
+from kvsim.calibration import cpu_fit, host_overhead
 
 
 def add_parser(sub) -> None:
@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or f"kvsim-python-{host}"
     cases = cpu_fit.measure(args.repeats, progress=say)
     costs = cpu_fit.fit(cases)
+    say("lock acquire/release and executor per-call overhead")
+    lock = host_overhead.lock_costs()
+    overhead = host_overhead.executor_call_overhead()
     samples_file = out / f"{name}-samples.json"
     rows = []
     for c in cases:
@@ -49,11 +52,15 @@ def run(args: argparse.Namespace) -> int:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"node": host, "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "platform": platform.platform()},
-        "unit_costs_us": costs, "cases": rows}, indent=1) + "\n")
+        "unit_costs_us": costs, "cases": rows,
+        "lock_acquire_release_us": lock, "executor_call_overhead_us": overhead}, indent=1) + "\n")
     preset_file = out / f"{name}.json"
-    preset_file.write_text(json.dumps(cpu_fit.preset(costs, str(samples_file), name), indent=1) + "\n")
+    preset_file.write_text(json.dumps(cpu_fit.preset(costs, str(samples_file), name, overhead["us"]),
+                                      indent=1) + "\n")
     judged = [abs(r["error_pct"]) for r in rows if r["role"] == "judge"]
     print(json.dumps({"preset": str(preset_file), "samples": str(samples_file), "unit_costs_us": costs,
+                      "python_call_us": overhead["us"],
+                      "lock_us": {m: v["us"] for m, v in lock.items()},
                       "judge_median_ape_pct": sorted(judged)[len(judged) // 2] if judged else None,
                       "judge_worst_ape_pct": max(judged) if judged else None}, sort_keys=True))
     return 0

@@ -162,10 +162,20 @@ def predict_us(costs: dict[str, float], counts: dict[str, int]) -> float:
     return costs["per_call_us"] + sum(costs[u] * counts.get(u, 0) for u in UNITS)
 
 
-def preset(costs: dict[str, float], source_file: str, name: str) -> dict:
-    src = (f"{source_file}: kvsim.calibration.cpu_fit on {platform.node() or 'this host'} "
-           f"({platform.processor() or platform.machine()}, Python {platform.python_version()}); "
-           "non-negative least squares over the 'fit' cases")
+def preset(costs: dict[str, float], source_file: str, name: str,
+           call_overhead_us: float | None = None) -> dict:
+    """The CPU preset; ``call_overhead_us`` (from :mod:`kvsim.calibration.host_overhead`) is the
+    executor's per-call host work outside the manager, lock included."""
+    machine = (f"on {platform.node() or 'this host'} ({platform.processor() or platform.machine()}, "
+               f"Python {platform.python_version()})")
+    src = (f"{source_file}: kvsim.calibration.cpu_fit {machine}; non-negative least squares over "
+           "the 'fit' cases")
+    python_call = ({"value": 0.0, "source": "not measured (included in per_call_us)"}
+                   if call_overhead_us is None else
+                   {"value": round(call_overhead_us, 3),
+                    "source": f"{source_file}: kvsim.calibration.host_overhead {machine}; hardware "
+                              "executor latency less manager time, median over cheap calls "
+                              "(lock acquire and release included)"})
     return {
         "name": name,
         "description": "This project's Python manager (kvsim.manager), fitted on the machine named in the "
@@ -173,7 +183,7 @@ def preset(costs: dict[str, float], source_file: str, name: str) -> dict:
         "includes_copy_submission": False,
         "holds_gil": True,
         "per_call_us": {"value": round(costs["per_call_us"], 4), "source": src},
-        "python_call_us": {"value": 0.0, "source": "included in per_call_us (the manager is Python)"},
+        "python_call_us": python_call,
         "callback_us": {"value": 0.0, "source": "not calibrated; no workload here uses callbacks"},
         "unit_us": {u: {"value": round(costs[u], 5), "source": src} for u in UNITS},
     }

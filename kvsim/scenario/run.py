@@ -248,7 +248,20 @@ def _ms(t: float | None) -> float | None:
 
 
 def _execute_hw(scenario: Scenario) -> dict:
-    """Real threads, the real lock and (copier ``cuda``) real copies on a GPU."""
+    """Real threads, the real lock and (copier ``cuda``) real copies on a GPU.
+
+    With ``hw.warmup_runs`` the whole scenario first runs that many times in this process (fresh
+    manager and pools each time, no trace, no verification) and those runs are discarded."""
+    from dataclasses import replace
+
+    quiet = replace(scenario, hw=replace(scenario.hw, record_trace=None, verify=False,
+                                         warmup_runs=0))
+    for _ in range(scenario.hw.warmup_runs):
+        _execute_hw_once(quiet)
+    return _execute_hw_once(scenario)
+
+
+def _execute_hw_once(scenario: Scenario) -> dict:
     from hw.executor import HwExecutor, HwOptions, NullCopier
     from kvsim.hardware import load_hardware
 
@@ -291,7 +304,7 @@ def _execute_hw(scenario: Scenario) -> dict:
                         check_lock_discipline=h.verify and s.check_lock_discipline)
     executor = HwExecutor(manager, copier, options, recorder=recorder, record_offset_s=1.0)
     try:
-        run = executor.run(workload.make_threads())
+        run = executor.run(workload.make_threads(), warm_gpu_ms=h.warm_gpu_ms)
         if recorder is not None:
             recorder.close()
     finally:
@@ -305,6 +318,8 @@ def _execute_hw(scenario: Scenario) -> dict:
                "pages_signed": getattr(copier, "pages_signed", 0),
                "end_time_s": run.end_time,
                "recorded_trace": h.record_trace,
+               "warmup_runs": h.warmup_runs, "warm_gpu_ms": h.warm_gpu_ms,
+               "sm_clock_mhz_at_start": getattr(copier, "sm_clock_mhz_at_start", None),
                "unrecorded_calls": executor.unrecorded + unrecorded_setup if recorder else None},
         "setup_failures": setup_failed,
     }

@@ -71,6 +71,10 @@ Schema (``*`` = required)::
       device: int >= 0
       verify: bool                  # sign every page and check every migrated page
       record_trace: path            # write the calls run as a JSONL op trace (for sim replay)
+      warmup_runs: int >= 0         # run the scenario this many times first, discarding them, so
+                                    # the measured run is a warm process (default 0: a cold one)
+      warm_gpu_ms: float >= 0       # spin every SM this long right before the measured threads
+                                    # start, so the GPU is out of its idle clocks (default 0)
     variants:                       # optional: named runs of this scenario with overrides
       NAME:
         set: {dotted.field: value}  # e.g. manager.stats_commit: per_page
@@ -205,6 +209,8 @@ class HwSettings:
     device: int = 0
     verify: bool = False
     record_trace: str | None = None
+    warmup_runs: int = 0  # whole runs done first and discarded (a warm process)
+    warm_gpu_ms: float = 0.0  # spin the GPU this long right before the threads start
 
 
 @dataclass(frozen=True)
@@ -462,7 +468,8 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
         cpu_model=_resolve(top.str("cpu_model", "kvcm2-cpp"), source),
         sim=_sim(top.sub("sim", set(SimSettings.__dataclass_fields__)))
         if top.raw("sim", None) is not None else SimSettings(),
-        hw=_hw(top.sub("hw", {"copier", "device", "verify", "record_trace"}))
+        hw=_hw(top.sub("hw", {"copier", "device", "verify", "record_trace", "warmup_runs",
+                              "warm_gpu_ms"}))
         if top.raw("hw", None) is not None else HwSettings(),
         variants=_variants(top.raw("variants", None), source),
     )
@@ -471,7 +478,9 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
 def _hw(f: Fields) -> HwSettings:
     return HwSettings(copier=f.str("copier", "cuda", ("cuda", "none")),
                       device=f.int("device", 0), verify=f.bool("verify", False),
-                      record_trace=f.raw("record_trace", None) and f.str("record_trace"))
+                      record_trace=f.raw("record_trace", None) and f.str("record_trace"),
+                      warmup_runs=f.int("warmup_runs", 0, maximum=100),
+                      warm_gpu_ms=f.float("warm_gpu_ms", 0.0, 0.0, 60_000.0))
 
 
 def _resolve(value: str, source: Source) -> str:

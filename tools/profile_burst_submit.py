@@ -33,6 +33,9 @@ hw.copier.PoolCopier.submit = profiled_submit
 results = execute(load_scenario(SCENARIO))
 call = next(c for c in results["calls"] if c["phase"] == "growth")
 print(f"executor submit_ms {call['submit_ms']:.3f}; profiled submit wall {profiles[0][0] * 1e3:.3f} ms")
-buf = io.StringIO()
-pstats.Stats(profiles[0][1], stream=buf).sort_stats("cumulative").print_stats(25)
-print(buf.getvalue())
+stats = pstats.Stats(profiles[0][1], stream=io.StringIO()).stats
+rows = sorted(((ct, tt, nc, f"{fn[0].split('/')[-1]}:{fn[1]}({fn[2]})")
+               for fn, (cc, nc, tt, ct, _callers) in stats.items()), reverse=True)
+print("cumulative_us self_us calls function")
+for ct, tt, nc, name in rows[:30]:
+    print(f"{ct * 1e6:11.1f} {tt * 1e6:8.1f} {nc:5d} {name}")

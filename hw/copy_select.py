@@ -57,12 +57,13 @@ class Selection:
 
 
 def plateau_ctas(hw: HardwareSpec, direction: str, fraction: float = 0.95,
-                 inflight_bytes: int | None = None) -> int:
-    """Fewest even CTAs (>= 2) whose modelled kernel rate reaches ``fraction`` of the all-SM rate."""
+                 inflight_bytes: int | None = None, page_bytes: int | None = None) -> int:
+    """Fewest even CTAs (>= 2) whose modelled kernel rate reaches ``fraction`` of the all-SM rate
+    (for pages of ``page_bytes``, when given)."""
     sms = max(2, hw.kernel.sm_count)
-    target = fraction * kernel_rate_gbps(hw, direction, sms, inflight_bytes)
+    target = fraction * kernel_rate_gbps(hw, direction, sms, inflight_bytes, page_bytes)
     for n in range(2, sms + 1, 2):
-        if kernel_rate_gbps(hw, direction, n, inflight_bytes) >= target:
+        if kernel_rate_gbps(hw, direction, n, inflight_bytes, page_bytes) >= target:
             return n
     return sms
 
@@ -98,18 +99,21 @@ class CopySelector:
         self.fraction = float(cta_plateau_fraction)
         self.bidirectional = bool(bidirectional)
 
-    def kernel_cta_options(self, direction: str) -> list[int]:
-        opts = {grid_ctas(self.hw, direction), plateau_ctas(self.hw, direction, self.fraction)}
+    def kernel_cta_options(self, direction: str, page_bytes: int | None = None) -> list[int]:
+        opts = {grid_ctas(self.hw, direction),
+                plateau_ctas(self.hw, direction, self.fraction, page_bytes=page_bytes)}
         if self.objective == "device":  # more CTAs than the model's knee buy margin
             opts |= {8, 16, 32}
         return sorted(o for o in opts if o <= self.hw.kernel.sm_count)
 
     def price(self, path: str, direction: str, pool_slot_bytes: Sequence[int], pages: int,
               aligned: bool = True, ctas: int | None = None) -> CopyEstimate:
-        """Estimate for one batch of ``pages`` pages (all pools of the group) on ``path``."""
+        """Estimate for one batch of ``pages`` pages (all pools of the group) on ``path``, as
+        this project's copier submits it (its per-batch costs counted once, with the first pool)."""
         parts = [estimate(self.hw, CopyRequest(path, direction, int(sb), int(pages), ctas=ctas,
-                                               bidirectional=self.bidirectional, aligned=aligned))
-                 for sb in pool_slot_bytes]
+                                               bidirectional=self.bidirectional, aligned=aligned,
+                                               via_copier=i == 0))
+                 for i, sb in enumerate(pool_slot_bytes)]
         adjust = 0.0
         if path == "ce-batch":  # one cudaMemcpyBatchAsync call for every pool, not one per pool
             adjust = -(len(parts) - 1) * self.hw.copy_engine.batch_call_host_us * 1e-6
@@ -120,7 +124,9 @@ class CopySelector:
         """The fastest path (device + host seconds) for a link batch ('offload' or 'onboard')."""
         cands: list[tuple[float, int, str, CopyEstimate]] = []
         for path in self.paths:
-            for ctas in (self.kernel_cta_options(direction) if path == "kernel" else [None]):
+            options = (self.kernel_cta_options(direction, min(pool_slot_bytes))
+                       if path == "kernel" else [None])
+            for ctas in options:
                 est = self.price(path, direction, pool_slot_bytes, pages, aligned, ctas)
                 cost = est.seconds + (est.host_seconds if self.objective == "total" else 0.0)
                 cands.append((cost, ctas or 0, path, est))

@@ -151,3 +151,33 @@ def test_sim_results_are_deterministic(tmp_path):
     one = json.dumps(public(execute(scenario(tmp_path, PROBE).base)), sort_keys=True)
     two = json.dumps(public(execute(scenario(tmp_path, PROBE).base)), sort_keys=True)
     assert one == two
+
+
+def test_a_threads_first_call_pays_the_cpu_presets_first_call_factor(tmp_path):
+    """first_call_factor scales the host work (manager CPU and copy submission) of each workload
+    thread's first call only."""
+    import json
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    preset["first_call_factor"] = {"value": 3.0, "source": "test fixture"}
+    slow_cpu = DATA / f"_{tmp_path.name}-cpu.json"
+    slow_cpu.write_text(json.dumps(preset))
+    try:
+        from kvsim.scenario.schema import parse_scenario
+
+        def run(workload, cpu):
+            sf = scenario(tmp_path, workload)
+            return execute(parse_scenario({**sf.data, "cpu_model": cpu}, sf.source))
+
+        base, slow = run(BURST, "toy-cpu.json"), run(BURST, slow_cpu.name)
+        probes = run(PROBE, slow_cpu.name)
+    finally:
+        slow_cpu.unlink()
+    (b,) = [c for c in base["calls"] if c["phase"] == "growth"]
+    (s,) = [c for c in slow["calls"] if c["phase"] == "growth"]
+    assert s["cpu_ms"] == pytest.approx(3 * b["cpu_ms"])
+    assert s["submit_ms"] == pytest.approx(3 * b["submit_ms"])
+    # Later calls of a thread run at the preset's own costs: one probe thread's identical probes.
+    mine = [c for c in probes["calls"] if c["thread"] == "probe0"]
+    assert mine[0]["cpu_ms"] == pytest.approx(3 * mine[1]["cpu_ms"])
+    assert mine[1]["cpu_ms"] == pytest.approx(mine[2]["cpu_ms"])

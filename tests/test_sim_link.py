@@ -83,6 +83,10 @@ def test_kernel_littles_law_and_plateau(toy):
     assert kernel_rate_gbps(toy, "offload", 3, inflight_bytes=16384) == pytest.approx(15.0)
     soft = kernel_rate_gbps(toy, "onboard", 6)  # p = 2: 60 * (1 - e^-1)^(1/2)
     assert soft == pytest.approx(60.0 * math.sqrt(1 - math.exp(-1)))
+    # Per-page latency (toy offload: one more round trip per page a 32 KiB window spans).
+    assert kernel_rate_gbps(toy, "offload", 3, page_bytes=32768) == pytest.approx(15.0)
+    assert kernel_rate_gbps(toy, "offload", 3, page_bytes=16384) == pytest.approx(10.0)
+    assert kernel_rate_gbps(toy, "offload", 3, page_bytes=1 << 30) == pytest.approx(30.0, rel=1e-4)
     # toy policy: cap 0.8 * 100 = 80 GB/s / 10 per CTA = 8 -> offload 8, onboard 12
     assert grid_ctas(toy, "offload") == 8 and grid_ctas(toy, "onboard") == 12
 
@@ -104,9 +108,18 @@ def test_estimates_per_path(toy):
     assert batch.seconds == pytest.approx(6553600 / 50e9)
     assert batch.host_seconds == pytest.approx(5e-6 + 50e-6)
     kern = estimate(toy, CopyRequest("kernel", "offload", 65536, 100, ctas=4))
-    assert kern.rate_gbps == pytest.approx(40.0) and kern.ctas == 4 and kern.sms == 4
+    # 64 KiB pages: a 32 KiB window spans half a page -> 1.5 round trips -> 20/3 GB/s per CTA
+    assert kern.rate_gbps == pytest.approx(4 * 32768 / 4.9152e-6 / 1e9)
+    assert kern.ctas == 4 and kern.sms == 4 and kern.fixed_seconds == 0.0
+    assert kern.host_seconds == pytest.approx(4e-6)
+    # Through this project's copier: the batch's index upload on the device, its submission on
+    # the host (20 us + 0.5 us per page besides the launch).
+    ours = estimate(toy, CopyRequest("kernel", "offload", 65536, 100, ctas=4, via_copier=True))
+    assert ours.fixed_seconds == pytest.approx(100e-6)
+    assert ours.seconds == pytest.approx(kern.seconds + 100e-6)
+    assert ours.host_seconds == pytest.approx(4e-6 + 20e-6 + 100 * 0.5e-6)
     slow = estimate(toy, CopyRequest("kernel", "offload", 65536, 100, ctas=4, aligned=False))
-    assert slow.rate_gbps == pytest.approx(20.0)
+    assert slow.rate_gbps == pytest.approx(kern.rate_gbps * 0.5)
     both = estimate(toy, CopyRequest("ce-page", "onboard", 1 << 30, 1, bidirectional=True))
     assert both.rate_gbps == pytest.approx(50.0)  # 100 * 0.5 < 80 plateau
     with pytest.raises(ValueError, match="path must be"):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from kvsim.calibration.copy_fit import FIT_RULES, fit, observations
 
+PLAN_COPIES = "reports/measurements/h200/2026-12-02-plan-copies.json"
+
 MEASUREMENT = sys.argv[1] if len(sys.argv) > 1 else "reports/measurements/h200/2026-12-02-copy-bench.json"
 MEAS = json.loads(Path(MEASUREMENT).read_text())
 FIT = fit(observations(MEAS))
@@ -31,6 +33,9 @@ BORROWED = {  # figures PCIe and Hopper presets borrow from the H200 measurement
     "H200_BATCH_HOST": fitted(FIT["batch_call_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
     "H200_DESC_HOST": fitted(FIT["batch_descriptor_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
     "H200_LAUNCH_HOST": fitted(FIT["launch_host_us"], "kernel.launch_host_us"),
+    # Filled in after the H200 preset is written (h200_copier): the copier's host costs.
+    "H200_COPIER_BATCH_HOST": None,
+    "H200_COPIER_PAGE_HOST": None,
 }
 C2C_KERNEL_BIDIR = {"value": 1.0, "source": "not measured on C2C: the link's bidirectional factor alone limits both directions"}
 
@@ -136,10 +141,43 @@ write("h200-sxm", {
     "knee_p": {d: (None if PD[d]["knee_p"] is None else fitted(PD[d]["knee_p"], "kernel.latency_us, per_cta_max_gbps, knee_p")) for d in ("offload", "onboard")},
     "bidirectional_factor": fitted(FIT["kernel_bidirectional_factor"], "kernel.bidirectional_factor"),
     "launch_host_us": fitted(FIT["launch_host_us"], "kernel.launch_host_us"),
-    "unaligned_efficiency": {"offload": S(1.0, "placeholder replaced below"), "onboard": S(1.0, "placeholder replaced below")}},
+    "unaligned_efficiency": {"offload": S(1.0, "placeholder replaced below"), "onboard": S(1.0, "placeholder replaced below")},
+    "page_latency_us": {"offload": S(0.0, "placeholder replaced below"), "onboard": S(0.0, "placeholder replaced below")}},
   "grid_policy": GRID,
+  "copier": {"batch_device_us": {"offload": S(0.0, "placeholder replaced below"), "onboard": S(0.0, "placeholder replaced below")},
+             "submit_batch_host_us": S(0.0, "placeholder replaced below"),
+             "submit_page_host_us": S(0.0, "placeholder replaced below")},
   "device_copy_gbps": fitted_d2d()})
 h200_unaligned()
+
+
+def h200_copier():
+    """The kernel's per-page latency and the copier's costs, fitted to the plan-copies run."""
+    from kvsim.calibration import plan_copy_fit
+    from kvsim.hardware.spec import load_hardware
+
+    path = Path("kvsim/hardware/presets/h200-sxm.json")
+    meas = json.loads(Path(PLAN_COPIES).read_text())
+    pf = plan_copy_fit.fit(load_hardware(path), meas)
+    prov = meas["provenance"]
+    src = f"{PLAN_COPIES} ({prov['gpu']}, driver {prov['driver']}, {meas['date_utc'][:10]}): kvsim.calibration.plan_copy_fit"
+    dev = "; grid search, kernel rows (4/16 KiB pools x1/x2, 1024-16384 pages, 2-32 CTAs)"
+    host = "; non-negative least squares on the selector rows' submission time less the launches"
+    data = json.loads(path.read_text())
+    data["kernel"]["page_latency_us"] = {d: S(round(pf["page_latency_us"][d], 4), src + dev) for d in ("offload", "onboard")}
+    data["copier"] = {
+        "batch_device_us": {d: S(round(pf["batch_device_us"][d], 2), src + dev) for d in ("offload", "onboard")},
+        "submit_batch_host_us": S(round(pf["submit_batch_host_us"], 3), src + host),
+        "submit_page_host_us": S(round(pf["submit_page_host_us"], 6), src + host)}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return data
+
+
+H200_COPIER = h200_copier()
+BORROWED["H200_COPIER_BATCH_HOST"] = H200_COPIER["copier"]["submit_batch_host_us"]
+BORROWED["H200_COPIER_PAGE_HOST"] = H200_COPIER["copier"]["submit_page_host_us"]
+NOT_MEASURED_PAGE_LATENCY = {d: S(0.0, "not measured on this GPU: no per-page term") for d in ("offload", "onboard")}
+NOT_MEASURED_BATCH_DEVICE = {d: S(0.0, "not measured on this GPU: the copier's index upload is not modelled") for d in ("offload", "onboard")}
 
 H200_KERNEL = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text())["kernel"]
 BORROWED["H200_UNALIGNED"] = H200_KERNEL["unaligned_efficiency"]
@@ -168,8 +206,12 @@ def borrowed_preset(name, description, gpu, link, ce_count, ce_plateau, sm_count
         "knee_p": KNEE,
         "bidirectional_factor": "H200_KERNEL_BIDIR",
         "launch_host_us": "H200_LAUNCH_HOST",
-        "unaligned_efficiency": "H200_UNALIGNED"},
+        "unaligned_efficiency": "H200_UNALIGNED",
+        "page_latency_us": NOT_MEASURED_PAGE_LATENCY},
       "grid_policy": GRID,
+      "copier": {"batch_device_us": NOT_MEASURED_BATCH_DEVICE,
+                 "submit_batch_host_us": "H200_COPIER_BATCH_HOST",
+                 "submit_page_host_us": "H200_COPIER_PAGE_HOST"},
       "device_copy_gbps": device_copy}
 
 

@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     name = args.name or f"kvsim-python-{host}"
     cases = cpu_fit.measure(args.repeats, progress=say)
     costs = cpu_fit.fit(cases)
+    factor = cpu_fit.first_call_factor(cases)
     say("lock acquire/release and executor per-call overhead")
     lock = host_overhead.lock_costs()
     overhead = host_overhead.executor_call_overhead()
@@ -45,21 +46,24 @@ def run(args: argparse.Namespace) -> int:
         pred = cpu_fit.predict_us(costs, c.counts)
         rows.append({"name": c.name, "role": c.role, "measured_us": c.seconds * 1e6,
                      "predicted_us": pred, "error_pct": (pred - c.seconds * 1e6) / (c.seconds * 1e6) * 100,
-                     "counts": c.counts, "samples_s": c.samples})
+                     "counts": c.counts, "samples_s": c.samples,
+                     "first_call_in_thread_us": c.thread_seconds * 1e6,
+                     "first_call_in_thread_samples_s": c.thread_samples})
     samples_file.write_text(json.dumps({
         "what": "Python manager call times for the CPU cost model (kvsim.calibration.cpu_fit)",
-        "timing": f"perf_counter around one call on a fresh manager, median of {args.repeats}",
+        "timing": f"perf_counter around one call on a fresh manager, median of {args.repeats}; "
+                  "again as the first call of a new thread (first_call_in_thread_us)",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"node": host, "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "platform": platform.platform()},
-        "unit_costs_us": costs, "cases": rows,
+        "unit_costs_us": costs, "first_call_factor": factor, "cases": rows,
         "lock_acquire_release_us": lock, "executor_call_overhead_us": overhead}, indent=1) + "\n")
     preset_file = out / f"{name}.json"
-    preset_file.write_text(json.dumps(cpu_fit.preset(costs, str(samples_file), name, overhead["us"]),
-                                      indent=1) + "\n")
+    preset_file.write_text(json.dumps(cpu_fit.preset(costs, str(samples_file), name, overhead["us"],
+                                                     factor), indent=1) + "\n")
     judged = [abs(r["error_pct"]) for r in rows if r["role"] == "judge"]
     print(json.dumps({"preset": str(preset_file), "samples": str(samples_file), "unit_costs_us": costs,
-                      "python_call_us": overhead["us"],
+                      "python_call_us": overhead["us"], "first_call_factor": factor,
                       "lock_us": {m: v["us"] for m, v in lock.items()},
                       "judge_median_ape_pct": sorted(judged)[len(judged) // 2] if judged else None,
                       "judge_worst_ape_pct": max(judged) if judged else None}, sort_keys=True))

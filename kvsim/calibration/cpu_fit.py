@@ -6,8 +6,13 @@ burst resizes with and without eviction over page counts, probes over prefix len
 over token counts.
 What it fits: ``seconds = per_call + sum(unit_cost * count)`` by non-negative least squares over
 the ``fit`` cases; the ``judge`` cases (other sizes) are predicted, not fitted, and their errors
-are reported. The result is a CPU cost preset (``kvsim/hardware/cpu/*.json`` format) whose
-sources name the measurement file.
+are reported.
+
+Each case is also timed as the first call of a thread that has just started (the hardware
+executor starts one Python thread per workload thread, so a workload's first call runs there):
+such a call pays for a fresh malloc arena and caches of another core. The median ratio of the
+two times over the ``fit`` cases is the preset's ``first_call_factor``. The result is a CPU cost
+preset (``kvsim/hardware/cpu/*.json`` format) whose sources name the measurement file.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import gc
 import platform
 import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,6 +42,8 @@ class Case:
     seconds: float
     counts: dict[str, int]
     samples: list[float]
+    thread_seconds: float = 0.0  # the same call as a fresh thread's first call
+    thread_samples: list[float] = None  # type: ignore[assignment]
 
 
 def _config(gpu_pages: int, host_pages: int) -> ManagerConfig:
@@ -57,18 +65,30 @@ def _filled(gpu_pages: int, fill: bool) -> KVCacheManager:
     return mgr
 
 
-def _time(setup: Callable[[], Callable[[], object]], repeats: int) -> tuple[float, list[float], WorkCounts]:
+def _time(setup: Callable[[], Callable[[], object]], repeats: int,
+          in_new_thread: bool = False) -> tuple[float, list[float], WorkCounts]:
     samples, counts = [], WorkCounts()
-    for _ in range(repeats):
-        call = setup()
-        gc.collect()
+    def timed(call: Callable[[], object], out: dict) -> None:
         gc.disable()  # a collection inside the timed call is noise, not the manager's cost
         try:
             t0 = time.perf_counter()
-            result = call()
-            samples.append(time.perf_counter() - t0)
+            out["result"] = call()
+            out["seconds"] = time.perf_counter() - t0
         finally:
             gc.enable()
+
+    for _ in range(repeats):
+        call = setup()
+        gc.collect()
+        out: dict = {}
+        if in_new_thread:
+            worker = threading.Thread(target=timed, args=(call, out))
+            worker.start()
+            worker.join()
+        else:
+            timed(call, out)
+        samples.append(out["seconds"])
+        result = out["result"]
         counts = result if isinstance(result, WorkCounts) else counts
     return statistics.median(samples), samples, counts
 
@@ -126,7 +146,9 @@ def measure(repeats: int = 5, progress: Callable[[str], None] | None = None) -> 
     cases = []
     for i, (name, role, setup) in enumerate(plan):
         seconds, samples, counts = _time(setup, repeats)
-        cases.append(Case(name, role, seconds, {u: getattr(counts, u) for u in UNITS}, samples))
+        t_seconds, t_samples, _ = _time(setup, repeats, in_new_thread=True)
+        cases.append(Case(name, role, seconds, {u: getattr(counts, u) for u in UNITS}, samples,
+                          t_seconds, t_samples))
         if progress is not None:
             progress(f"{i + 1}/{len(plan)} {name}: {seconds * 1e3:.3f} ms")
     return cases
@@ -158,12 +180,18 @@ def fit(cases: list[Case]) -> dict[str, float]:
     return {"per_call_us": float(x[0]), **{u: float(v) for u, v in zip(UNITS, x[1:])}}
 
 
+def first_call_factor(cases: list[Case]) -> float:
+    """Median over the ``fit`` cases of (first call in a fresh thread) / (call on the main thread)."""
+    return float(statistics.median(c.thread_seconds / c.seconds for c in cases
+                                   if c.role == "fit" and c.seconds > 0))
+
+
 def predict_us(costs: dict[str, float], counts: dict[str, int]) -> float:
     return costs["per_call_us"] + sum(costs[u] * counts.get(u, 0) for u in UNITS)
 
 
 def preset(costs: dict[str, float], source_file: str, name: str,
-           call_overhead_us: float | None = None) -> dict:
+           call_overhead_us: float | None = None, thread_factor: float | None = None) -> dict:
     """The CPU preset; ``call_overhead_us`` (from :mod:`kvsim.calibration.host_overhead`) is the
     executor's per-call host work outside the manager, lock included."""
     machine = (f"on {platform.node() or 'this host'} ({platform.processor() or platform.machine()}, "
@@ -184,6 +212,10 @@ def preset(costs: dict[str, float], source_file: str, name: str,
         "holds_gil": True,
         "per_call_us": {"value": round(costs["per_call_us"], 4), "source": src},
         "python_call_us": python_call,
+        **({} if thread_factor is None else {"first_call_factor": {
+            "value": round(thread_factor, 4),
+            "source": f"{source_file}: kvsim.calibration.cpu_fit {machine}; median over the 'fit' "
+                      "cases of (the call as a fresh thread's first call) / (on the main thread)"}}),
         "callback_us": {"value": 0.0, "source": "not calibrated; no workload here uses callbacks"},
         "unit_us": {u: {"value": round(costs[u], 5), "source": src} for u in UNITS},
     }

@@ -82,6 +82,21 @@ class KernelSpec:
     bidirectional_factor: float  # fraction of each direction's plateau kept while both run
     launch_host_us: float
     unaligned_efficiency: PerDirection  # alignment-agnostic kernel throughput / fast kernel
+    # Extra time per page in each CTA's window (the page's slot-index load before its chunks can
+    # be addressed): lambda(b) = b / (latency + b / per_cta_max + (b / page_bytes) * this).
+    page_latency_us: PerDirection
+
+
+@dataclass(frozen=True)
+class CopierSpec:
+    """What this project's hardware copier (:class:`hw.executor_copies.PlanCopier`) adds to a
+    kernel-path batch on this machine, beyond the kernel launches: device time before the first
+    launch runs (the slot-index upload) and host time to submit (path selection, CUDA events,
+    index upload), per batch and per page."""
+
+    batch_device_us: PerDirection
+    submit_batch_host_us: float
+    submit_page_host_us: float
 
 
 @dataclass(frozen=True)
@@ -103,6 +118,7 @@ class HardwareSpec:
     copy_engine: CopyEngineSpec
     kernel: KernelSpec
     grid_policy: GridPolicy
+    copier: CopierSpec
     device_copy_gbps: float  # copies within one level (partial-reuse and defragmentation copies)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -146,6 +162,7 @@ def _build(data: dict, sources: dict[str, str], filename: str) -> HardwareSpec:
     ce = need(data, "copy_engine", "")
     k = need(data, "kernel", "")
     gp = need(data, "grid_policy", "")
+    cp = need(data, "copier", "")
     curve = {}
     for direction in DIRECTIONS:
         points = need(need(ce, "batch_curve", "copy_engine"), direction, "copy_engine.batch_curve")
@@ -195,6 +212,14 @@ def _build(data: dict, sources: dict[str, str], filename: str) -> HardwareSpec:
             launch_host_us=float(need(k, "launch_host_us", "kernel")),
             unaligned_efficiency=_per_direction(need(k, "unaligned_efficiency", "kernel"),
                                                 f"{filename}: kernel.unaligned_efficiency"),
+            page_latency_us=_per_direction(need(k, "page_latency_us", "kernel"),
+                                           f"{filename}: kernel.page_latency_us"),
+        ),
+        copier=CopierSpec(
+            batch_device_us=_per_direction(need(cp, "batch_device_us", "copier"),
+                                           f"{filename}: copier.batch_device_us"),
+            submit_batch_host_us=float(need(cp, "submit_batch_host_us", "copier")),
+            submit_page_host_us=float(need(cp, "submit_page_host_us", "copier")),
         ),
         grid_policy=GridPolicy(
             per_cta_gbps=float(need(gp, "per_cta_gbps", "grid_policy")),

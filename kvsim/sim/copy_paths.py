@@ -17,7 +17,13 @@ bidirectional factor when the other direction is busy):
   the page size, times ``unaligned_efficiency`` for the alignment-agnostic kernel, times the
   kernel's ``bidirectional_factor`` while the other direction runs too; ``t = B / min(X, link)``;
   host: ``launch_host_us``. N defaults to KVCM2's grid policy (``grid_ctas``), b to the preset's
-  default depth.
+  default depth. With small pages each CTA window also waits ``page_latency`` per page it spans:
+  ``lambda = b / (latency + b / per_cta_max + (b / page_bytes) * page_latency)``.
+
+A request ``via_copier`` is one submitted by this project's hardware copier
+(:class:`hw.executor_copies.PlanCopier`); on the kernel path it adds the copier's measured costs
+per batch: ``copier.batch_device_us`` before the launch runs (the slot-index upload), and
+``copier.submit_batch_host_us + pages * copier.submit_page_host_us`` on the host.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class CopyRequest:
     inflight_bytes: int | None = None
     bidirectional: bool = False
     aligned: bool = True
+    via_copier: bool = False
 
     def __post_init__(self) -> None:
         if self.path not in PATHS:
@@ -95,21 +102,26 @@ def kernel_inflight(hw: HardwareSpec, direction: str, inflight_bytes: int | None
     return int(inflight_bytes or hw.kernel.default_inflight_bytes[direction])
 
 
-def per_cta_gbps(hw: HardwareSpec, direction: str, inflight_bytes: int | None = None) -> float:
-    """Little's law for one CTA: bytes in flight over the time one window takes."""
+def per_cta_gbps(hw: HardwareSpec, direction: str, inflight_bytes: int | None = None,
+                 page_bytes: int | None = None) -> float:
+    """Little's law for one CTA: bytes in flight over the time one window takes (plus the
+    per-page latency of the pages a window spans, when ``page_bytes`` is given)."""
     b = kernel_inflight(hw, direction, inflight_bytes)
     seconds = hw.kernel.latency_us[direction] * 1e-6
     cap = hw.kernel.per_cta_max_gbps[direction]
     if cap:
         seconds += b / (cap * GB)
+    if page_bytes:
+        seconds += b / page_bytes * hw.kernel.page_latency_us[direction] * 1e-6
     return b / seconds / GB
 
 
 def kernel_rate_gbps(hw: HardwareSpec, direction: str, ctas: int,
-                     inflight_bytes: int | None = None) -> float:
-    """X(N) of the kernel for full tiles (no page-size, alignment or bidirectional losses)."""
+                     inflight_bytes: int | None = None, page_bytes: int | None = None) -> float:
+    """X(N) of the kernel for full tiles (no tiling, alignment or bidirectional losses); with
+    ``page_bytes``, each window's per-page latency counts."""
     xmax = hw.kernel.plateau_gbps[direction]
-    demand = ctas * per_cta_gbps(hw, direction, inflight_bytes)
+    demand = ctas * per_cta_gbps(hw, direction, inflight_bytes, page_bytes)
     p = hw.kernel.knee_p[direction]
     if p is None:
         return min(demand, xmax)
@@ -170,12 +182,13 @@ def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
         cap = min(batch_curve_gbps(hw, req.direction, req.page_bytes), ce.plateau_gbps[req.direction])
         return DeviceWork(0.0, n_bytes, cap, cap, None, 0)
     ctas = req.ctas or grid_ctas(hw, req.direction)
-    cap = kernel_rate_gbps(hw, req.direction, ctas, req.inflight_bytes)
+    cap = kernel_rate_gbps(hw, req.direction, ctas, req.inflight_bytes, req.page_bytes)
     cap *= tiling_efficiency(hw, req.page_bytes)
     if not req.aligned:
         cap *= hw.kernel.unaligned_efficiency[req.direction]
     cap_both = min(cap, hw.kernel.plateau_gbps[req.direction] * hw.kernel.bidirectional_factor)
-    return DeviceWork(0.0, n_bytes, cap, cap_both, ctas, min(ctas, hw.kernel.sm_count))
+    fixed = hw.copier.batch_device_us[req.direction] * 1e-6 if req.via_copier else 0.0
+    return DeviceWork(fixed, n_bytes, cap, cap_both, ctas, min(ctas, hw.kernel.sm_count))
 
 
 def host_seconds(hw: HardwareSpec, req: CopyRequest) -> float:
@@ -184,7 +197,10 @@ def host_seconds(hw: HardwareSpec, req: CopyRequest) -> float:
         return req.pages * ce.per_call_host_us * 1e-6
     if req.path == "ce-batch":
         return (ce.batch_call_host_us + req.pages * ce.batch_descriptor_host_us) * 1e-6
-    return hw.kernel.launch_host_us * 1e-6
+    seconds = hw.kernel.launch_host_us * 1e-6
+    if req.via_copier:
+        seconds += (hw.copier.submit_batch_host_us + req.pages * hw.copier.submit_page_host_us) * 1e-6
+    return seconds
 
 
 def estimate(hw: HardwareSpec, req: CopyRequest) -> CopyEstimate:

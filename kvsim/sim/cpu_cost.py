@@ -41,6 +41,9 @@ class CpuCostModel:
     holds_gil: bool = False
     # CPython's sys.getswitchinterval() default: a waiter asks the holder to drop the GIL after it.
     gil_switch_interval_us: float = 5000.0
+    # Host work of a workload thread's first call runs this many times slower (a thread that has
+    # just started: fresh malloc arena, another core's caches); 1.0 where not measured.
+    first_call_factor: float = 1.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def seconds(self, counts: WorkCounts) -> float:
@@ -87,5 +90,7 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
         python_call_us=value("python_call_us", data.get("python_call_us")),
         includes_copy_submission=bool(data.get("includes_copy_submission", False)),
         holds_gil=bool(data.get("holds_gil", False)),
+        first_call_factor=(value("first_call_factor", data["first_call_factor"])
+                           if "first_call_factor" in data else 1.0),
         sources=sources,
     )

@@ -32,7 +32,7 @@ from kvsim.executor_common import DisciplineCheck, account_copies, invariant_vio
 from kvsim.hardware.spec import HardwareSpec
 from kvsim.manager.locking import API_LOCK_MODES, LockMode
 from kvsim.manager.manager import KVCacheManager
-from kvsim.sim.copy_paths import PATHS, CopyRequest, host_seconds
+from kvsim.sim.copy_paths import PATHS, CopyRequest
 from kvsim.sim.cpu_cost import CpuCostModel
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
@@ -112,6 +112,7 @@ class SimExecutor:
         self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
         self._current_api: dict[str, str] = {}
         self._alive: set[str] = set()
+        self._called: set[str] = set()  # threads that have made a call
         self.deadlocks: list[Deadlock] = []
         self.progress = None  # optional callable(str): a line every 10,000 calls
         self._stop = self.env.event()  # succeeds when a deadlock makes further progress moot
@@ -144,6 +145,9 @@ class SimExecutor:
         if self.progress is not None and len(self.calls) % 10_000 == 0:
             self.progress(f"{len(self.calls)} calls, {env.now:.3f} s simulated")
         self._current_api[thread] = call.api
+        # A thread's first call: its host work is scaled by the CPU preset's first_call_factor.
+        slow = self.cpu.first_call_factor if thread not in self._called else 1.0
+        self._called.add(thread)
         half_python = self.cpu.python_call_us * 0.5e-6
         yield from self._python(thread, half_python, call.api)
         if not python_manager and opt.gil_release.get(call.api, True):
@@ -190,15 +194,14 @@ class SimExecutor:
             yield self._delay(callbacks * self.cpu.callback_us * 1e-6)
             if not python_manager:
                 self.gil.release(thread)
-        rec.cpu_s = self.cpu.seconds(counts)
+        rec.cpu_s = self.cpu.seconds(counts) * slow
         rec.cpu_terms_us = self.cpu.terms_us(counts)
         if python_manager:
             yield from self._python(thread, rec.cpu_s, call.api)
         elif rec.cpu_s:
             yield self._delay(rec.cpu_s)
         if not self.cpu.includes_copy_submission:
-            rec.submit_s = sum(host_seconds(self.hw, self.stream.request_for(b))
-                               for b in copies if b.kind != "intra")
+            rec.submit_s = sum(self.stream.host_seconds(b) for b in copies) * slow
             if python_manager:
                 yield from self._python(thread, rec.submit_s, call.api)
             elif rec.submit_s:

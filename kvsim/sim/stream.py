@@ -11,7 +11,7 @@ import simpy
 
 from kvsim.hardware.spec import HardwareSpec
 from kvsim.manager.plan import COPY_INTRA, CopyBatch
-from kvsim.sim.copy_paths import CopyRequest, device_work
+from kvsim.sim.copy_paths import CopyRequest, device_work, host_seconds
 from kvsim.sim.link import GB, Link
 from kvsim.sim.records import CopyRecord
 
@@ -33,18 +33,32 @@ class CopyStream:
         self._queue: simpy.Store = simpy.Store(env)
         env.process(self._drain())
 
-    def request_for(self, batch: CopyBatch) -> CopyRequest:
+    def requests_for(self, batch: CopyBatch) -> list[CopyRequest]:
+        """How the batch is copied: one request for the whole page (KVCM2's paths), or -- with
+        ``select``, the hardware executor's selector and copier -- one request per pool of the
+        group, run one after another, the copier's per-batch costs on the first."""
         path, ctas = self.path_for[batch.kind], self.ctas
-        if path == "select":  # the hardware executor's selector: cheapest path by the model
-            from hw.copy_select import CopySelector
+        if path != "select":
+            return [CopyRequest(path, batch.kind, batch.page_bytes, batch.num_pages, ctas,
+                                self.inflight_bytes, aligned=self.aligned)]
+        from hw.copy_select import CopySelector
 
-            if self._selector is None:
-                self._selector = CopySelector(self.hw)
-            sel = self._selector.choose(batch.kind, batch.pool_slot_bytes, batch.num_pages,
-                                        self.aligned)
-            path, ctas = sel.path, sel.estimate.ctas
-        return CopyRequest(path, batch.kind, batch.page_bytes, batch.num_pages, ctas,
-                           self.inflight_bytes, aligned=self.aligned)
+        if self._selector is None:
+            self._selector = CopySelector(self.hw)
+        sel = self._selector.choose(batch.kind, batch.pool_slot_bytes, batch.num_pages,
+                                    self.aligned)
+        inflight = self.inflight_bytes
+        if sel.path == "kernel" and inflight is None:  # what the copier passes
+            inflight = int(self.hw.kernel.default_inflight_bytes[batch.kind])
+        return [CopyRequest(sel.path, batch.kind, int(sb), batch.num_pages, sel.estimate.ctas,
+                            inflight, aligned=self.aligned, via_copier=i == 0)
+                for i, sb in enumerate(batch.pool_slot_bytes)]
+
+    def host_seconds(self, batch: CopyBatch) -> float:
+        """Host time to submit ``batch`` (0 for intra-level copies, outside the link model)."""
+        if batch.kind == COPY_INTRA:
+            return 0.0
+        return sum(host_seconds(self.hw, r) for r in self.requests_for(batch))
 
     def submit(self, batch: CopyBatch, thread: str, api: str) -> simpy.Event:
         done = self.env.event()
@@ -52,7 +66,7 @@ class CopyStream:
             record = CopyRecord(self.name, thread, api, batch.kind, "device-local", batch.num_pages,
                                 batch.page_bytes, batch.num_bytes, None, 0, self.env.now)
         else:
-            req = self.request_for(batch)
+            req = self.requests_for(batch)[0]
             work = device_work(self.hw, req)
             record = CopyRecord(self.name, thread, api, batch.kind, req.path, batch.num_pages,
                                 batch.page_bytes, batch.num_bytes, work.ctas, work.sms,
@@ -68,11 +82,12 @@ class CopyStream:
             if batch.kind == COPY_INTRA:
                 yield self.env.timeout(batch.num_bytes / (self.hw.device_copy_gbps * GB))
             else:
-                work = device_work(self.hw, self.request_for(batch))
-                if work.fixed_seconds:
-                    yield self.env.timeout(work.fixed_seconds)
-                yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps,
-                                         tag=f"{record.thread}:{record.api}",
-                                         cap_both_gbps=work.cap_both_gbps)
+                for req in self.requests_for(batch):
+                    work = device_work(self.hw, req)
+                    if work.fixed_seconds:
+                        yield self.env.timeout(work.fixed_seconds)
+                    yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps,
+                                             tag=f"{record.thread}:{record.api}",
+                                             cap_both_gbps=work.cap_both_gbps)
             record.finished = self.env.now
             done.succeed()

@@ -55,10 +55,14 @@ def test_selection_depends_on_batch_size_not_on_the_link_kind():
 def test_kernel_estimate_sums_pools_and_uses_the_best_cta_count():
     sel = CopySelector(H200, paths=["kernel"])
     s = sel.choose("onboard", (4096, 12288), 1000)
-    parts = [estimate(H200, CopyRequest("kernel", "onboard", b, 1000, ctas=s.estimate.ctas))
-             for b in (4096, 12288)]
+    # The copier's per-batch costs ride on the first pool's request only.
+    parts = [estimate(H200, CopyRequest("kernel", "onboard", b, 1000, ctas=s.estimate.ctas,
+                                        via_copier=i == 0))
+             for i, b in enumerate((4096, 12288))]
     assert s.estimate.seconds == pytest.approx(sum(p.seconds for p in parts))
-    assert s.estimate.ctas in {grid_ctas(H200, "onboard"), plateau_ctas(H200, "onboard")}
+    assert s.estimate.host_seconds == pytest.approx(sum(p.host_seconds for p in parts))
+    assert s.estimate.ctas in {grid_ctas(H200, "onboard"),
+                               plateau_ctas(H200, "onboard", page_bytes=4096)}
     assert s.estimate.gbps == pytest.approx(1000 * 16384 / s.estimate.seconds / 1e9)
 
 

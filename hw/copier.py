@@ -47,7 +47,9 @@ class PoolCopier:
 
     def warm_up(self, busy_ms: float = 0.0) -> None:
         """Run every path once per direction on one page (slot 0), so kernel compilation (NVRTC)
-        and handle creation stay out of the measured calls. Before signing: it overwrites slot 0.
+        and handle creation stay out of the measured calls, and the copier's own submission path
+        once; grow CuPy's memory pool for the largest slot-index upload. Before signing: it
+        overwrites slot 0.
         Then, with ``busy_ms``, spin every SM that long (:func:`hw.gpu_clocks.keep_busy`), so the
         measured phase starts on a GPU out of its idle clocks; the SM clock is read just after."""
         import numpy as np
@@ -65,6 +67,16 @@ class PoolCopier:
                 batch = CopyBatch(src, dst, pg.index, one, one, pg.pool_slot_bytes)
                 for path in ("kernel", "ce-batch", "ce-page"):
                     self.pools.copy_batch(batch, path, self.plan_copier.stream)
+                # The submission path itself (path selection, events, records) once, too.
+                self.plan_copier.submit([batch])
+                self.plan_copier.wait()
+        # Grow CuPy's memory pool to the largest slot-index upload a batch can need, so a run's
+        # first large batch does not wait for a device allocation.
+        import cupy
+
+        most = max(n for level in layout.level_slots for n in level)
+        grown = [cupy.empty(most, dtype=cupy.int32) for _ in range(2)]
+        del grown
         self.plan_copier.stream.synchronize()
         self.busy_ms = busy_ms
         if busy_ms > 0:

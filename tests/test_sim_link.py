@@ -144,3 +144,30 @@ def test_every_preset_loads_and_every_number_names_its_source(tmp_path):
         load_hardware(bad)
     with pytest.raises(ConfigError, match="unknown hardware preset"):
         load_hardware("h900")
+
+
+def test_a_copier_batch_after_an_idle_spell_waits_the_wake_up_time(toy):
+    """Toy copier: 300 us of wake-up for a batch starting after >= 20 ms of stream idleness."""
+    import numpy as np
+
+    from kvsim.manager.plan import CopyBatch
+    from kvsim.sim.stream import CopyStream
+
+    env = simpy.Environment()
+    stream = CopyStream(env, "s", Link(env, toy), toy, {"offload": "select"}, None, None, True)
+    batch = CopyBatch(0, 1, 0, np.arange(64, dtype=np.int32), np.arange(64, dtype=np.int32),
+                      (32768, 32768))
+    took = []
+
+    def go():
+        for gap in (0.0, 0.001, 0.050):  # idle since the start, 1 ms, 50 ms
+            yield env.timeout(gap)
+            t0 = env.now
+            yield stream.submit(batch, "t", "api")
+            took.append(env.now - t0)
+
+    env.process(go())
+    env.run()
+    first, warm, woken = took
+    assert warm < first and first - warm == pytest.approx(300e-6)
+    assert woken == pytest.approx(first)

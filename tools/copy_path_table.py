@@ -55,7 +55,7 @@ for (d, pb), paths in sorted(rows.items()):
     target = 90 if pb == 16 << 10 else (95 if pb >= 256 << 10 else None)
     met = "-" if target is None or share is None else ("yes" if share >= target else "no")
     size = f"{pb >> 20} MiB" if pb >= 1 << 20 else f"{pb >> 10} KiB"
-    cell = lambda k: f"{paths[k]:.2f}" if k in paths else "-"  # noqa: E731
+    cell = lambda k, paths=paths: f"{paths[k]:.2f}" if k in paths else "-"  # noqa: E731
     print(f"| {d} | {size} | {cell('ce-page')} | {cell('ce-batch')} | {cell('kernel 8 CTAs')} | "
           f"{cell('kernel 32 CTAs')} | {picked} | {measured:.2f} | {share:.1f} % | "
           f"{target or '-'}{' %' if target else ''} | {met} |")

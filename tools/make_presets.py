@@ -13,6 +13,7 @@ from pathlib import Path
 from kvsim.calibration.copy_fit import FIT_RULES, fit, observations
 
 PLAN_COPIES = "reports/measurements/h200/2026-12-02-plan-copies.json"
+LINK_WAKE = "reports/measurements/h200/2026-12-02-link-wake.json"
 
 MEASUREMENT = sys.argv[1] if len(sys.argv) > 1 else "reports/measurements/h200/2026-12-02-copy-bench.json"
 MEAS = json.loads(Path(MEASUREMENT).read_text())
@@ -146,7 +147,9 @@ write("h200-sxm", {
   "grid_policy": GRID,
   "copier": {"batch_device_us": {"offload": S(0.0, "placeholder replaced below"), "onboard": S(0.0, "placeholder replaced below")},
              "submit_batch_host_us": S(0.0, "placeholder replaced below"),
-             "submit_page_host_us": S(0.0, "placeholder replaced below")},
+             "submit_page_host_us": S(0.0, "placeholder replaced below"),
+             "idle_wake_us": {"offload": S(0.0, "placeholder replaced below"), "onboard": S(0.0, "placeholder replaced below")},
+             "idle_after_ms": S(0.0, "placeholder replaced below")},
   "device_copy_gbps": fitted_d2d()})
 h200_unaligned()
 
@@ -168,9 +171,30 @@ def h200_copier():
     data["copier"] = {
         "batch_device_us": {d: S(round(pf["batch_device_us"][d], 2), src + dev) for d in ("offload", "onboard")},
         "submit_batch_host_us": S(round(pf["submit_batch_host_us"], 3), src + host),
-        "submit_page_host_us": S(round(pf["submit_page_host_us"], 6), src + host)}
+        "submit_page_host_us": S(round(pf["submit_page_host_us"], 6), src + host),
+        **h200_idle_wake()}
     path.write_text(json.dumps(data, indent=1) + "\n")
     return data
+
+
+def h200_idle_wake():
+    """The first batch after an idle spell: the median extra device time per direction, and the
+    idle length from which it appears (the idle sweep's midpoint between none and some)."""
+    import statistics
+
+    meas = json.loads(Path(LINK_WAKE).read_text())
+    src = f"{LINK_WAKE} (NVIDIA H200, {meas['date_utc'][:10]})"
+    wake = {d: statistics.median((r["after_idle_s"] - r["warm_s"]) * 1e6 for r in meas["records"]
+                                 if r["direction"] == d) for d in ("offload", "onboard")}
+    sweep = meas["idle_sweep"]
+    base = statistics.median(x["device_s"] for x in sweep if x["idle_s"] <= 0.001)
+    slow = [x["idle_s"] for x in sweep if x["device_s"] - base > 0.5 * wake["offload"] * 1e-6]
+    fast = [x["idle_s"] for x in sweep if x["idle_s"] < min(slow)]
+    after_ms = (max(fast) + min(slow)) / 2 * 1e3
+    return {"idle_wake_us": {d: S(round(wake[d], 1), src + f": median over its 12 {d} batches of "
+                                  f"(after {meas['idle_s']} s idle) - (back to back)") for d in wake},
+            "idle_after_ms": S(round(after_ms, 1), src + f": idle sweep: no extra time after "
+                               f"{max(fast) * 1e3:g} ms idle, extra from {min(slow) * 1e3:g} ms; midpoint")}
 
 
 H200_COPIER = h200_copier()
@@ -178,6 +202,7 @@ BORROWED["H200_COPIER_BATCH_HOST"] = H200_COPIER["copier"]["submit_batch_host_us
 BORROWED["H200_COPIER_PAGE_HOST"] = H200_COPIER["copier"]["submit_page_host_us"]
 NOT_MEASURED_PAGE_LATENCY = {d: S(0.0, "not measured on this GPU: no per-page term") for d in ("offload", "onboard")}
 NOT_MEASURED_BATCH_DEVICE = {d: S(0.0, "not measured on this GPU: the copier's index upload is not modelled") for d in ("offload", "onboard")}
+NOT_MEASURED_WAKE = {d: S(0.0, "not measured on this GPU: no idle wake-up time") for d in ("offload", "onboard")}
 
 H200_KERNEL = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text())["kernel"]
 BORROWED["H200_UNALIGNED"] = H200_KERNEL["unaligned_efficiency"]
@@ -211,7 +236,9 @@ def borrowed_preset(name, description, gpu, link, ce_count, ce_plateau, sm_count
       "grid_policy": GRID,
       "copier": {"batch_device_us": NOT_MEASURED_BATCH_DEVICE,
                  "submit_batch_host_us": "H200_COPIER_BATCH_HOST",
-                 "submit_page_host_us": "H200_COPIER_PAGE_HOST"},
+                 "submit_page_host_us": "H200_COPIER_PAGE_HOST",
+                 "idle_wake_us": NOT_MEASURED_WAKE,
+                 "idle_after_ms": S(0.0, "not measured on this GPU (idle_wake_us is 0)")},
       "device_copy_gbps": device_copy}
 
 

@@ -92,11 +92,14 @@ class CopierSpec:
     """What this project's hardware copier (:class:`hw.executor_copies.PlanCopier`) adds to a
     kernel-path batch on this machine, beyond the kernel launches: device time before the first
     launch runs (the slot-index upload) and host time to submit (path selection, CUDA events,
-    index upload), per batch and per page."""
+    index upload), per batch and per page; and the extra device time of a batch that starts
+    after the copy stream has been idle for at least ``idle_after_ms``."""
 
     batch_device_us: PerDirection
     submit_batch_host_us: float
     submit_page_host_us: float
+    idle_wake_us: PerDirection
+    idle_after_ms: float
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,9 @@ def _build(data: dict, sources: dict[str, str], filename: str) -> HardwareSpec:
                                            f"{filename}: copier.batch_device_us"),
             submit_batch_host_us=float(need(cp, "submit_batch_host_us", "copier")),
             submit_page_host_us=float(need(cp, "submit_page_host_us", "copier")),
+            idle_wake_us=_per_direction(need(cp, "idle_wake_us", "copier"),
+                                        f"{filename}: copier.idle_wake_us"),
+            idle_after_ms=float(need(cp, "idle_after_ms", "copier")),
         ),
         grid_policy=GridPolicy(
             per_cta_gbps=float(need(gp, "per_cta_gbps", "grid_policy")),

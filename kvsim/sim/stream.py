@@ -3,9 +3,15 @@
 ``submit`` returns at once with an event that fires when the batch's last byte has landed
 (stream semantics: the API that submitted it may already have returned). Batches on one stream
 run one after another; batches on different streams share the link.
+
+A batch submitted by this project's copier (the ``select`` path) that starts after the stream has
+been idle for at least the hardware's ``copier.idle_after_ms`` waits ``copier.idle_wake_us``
+first (measured: the first copy after an idle spell runs that much longer).
 """
 
 from __future__ import annotations
+
+import math
 
 import simpy
 
@@ -31,6 +37,7 @@ class CopyStream:
         self.records: list[CopyRecord] = []
         self._selector = None
         self._queue: simpy.Store = simpy.Store(env)
+        self._last_end = -math.inf  # when the last batch finished: idle since the start
         env.process(self._drain())
 
     def requests_for(self, batch: CopyBatch) -> list[CopyRequest]:
@@ -82,12 +89,15 @@ class CopyStream:
             if batch.kind == COPY_INTRA:
                 yield self.env.timeout(batch.num_bytes / (self.hw.device_copy_gbps * GB))
             else:
+                idle = self.env.now - self._last_end
                 for req in self.requests_for(batch):
                     work = device_work(self.hw, req)
+                    if req.via_copier and idle * 1e3 >= self.hw.copier.idle_after_ms:
+                        yield self.env.timeout(self.hw.copier.idle_wake_us[req.direction] * 1e-6)
                     if work.fixed_seconds:
                         yield self.env.timeout(work.fixed_seconds)
                     yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps,
                                              tag=f"{record.thread}:{record.api}",
                                              cap_both_gbps=work.cap_both_gbps)
-            record.finished = self.env.now
+            record.finished = self._last_end = self.env.now
             done.succeed()

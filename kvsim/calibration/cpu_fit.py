@@ -2,8 +2,8 @@
 
 What it times: single manager calls (``time.perf_counter`` around the call alone, garbage
 collection paused, median of ``repeats`` fresh runs) in workloads that vary one count at a time:
-burst resizes with and without eviction over page counts, probes over prefix lengths, commits
-over token counts.
+burst resizes with and without eviction over page counts, probes over prefix lengths (the second
+of two identical probes: probes repeat), commits over token counts.
 What it fits: ``seconds = per_call + sum(unit_cost * count)`` by non-negative least squares over
 the ``fit`` cases; the ``judge`` cases (other sizes) are predicted, not fitted, and their errors
 are reported.
@@ -108,9 +108,13 @@ def _resize_case(pages: int, evict: bool):
 
 
 def _probe_case(tokens: int):
+    # Probes are read-only and repeat (a workload probes the same prefixes over and over): the
+    # timed probe is the second of two identical ones, as in a workload's steady state. Resizes
+    # and commits change the state, so they are timed once on a fresh manager.
     def setup():
         mgr = _filled(8192, True)
         toks = np.arange(7, 7 + tokens, dtype=np.uint32)
+        mgr.probe(toks)
 
         def call():
             r = mgr.probe(toks)

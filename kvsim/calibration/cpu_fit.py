@@ -11,7 +11,7 @@ are reported.
 Each case is also timed as the first call of a thread that has just started (the hardware
 executor starts one Python thread per workload thread, so a workload's first call runs there):
 such a call pays for a fresh malloc arena and caches of another core. The median ratio of the
-two times over the ``fit`` cases is the preset's ``first_call_factor``. The result is a CPU cost
+two times over the one-shot ``fit`` cases is the preset's ``first_call_factor``. The result is a CPU cost
 preset (``kvsim/hardware/cpu/*.json`` format) whose sources name the measurement file.
 """
 
@@ -44,6 +44,7 @@ class Case:
     samples: list[float]
     thread_seconds: float = 0.0  # the same call as a fresh thread's first call
     thread_samples: list[float] = None  # type: ignore[assignment]
+    one_shot: bool = True  # timed as the first call on its state (not after a warm-up call)
 
 
 def _config(gpu_pages: int, host_pages: int) -> ManagerConfig:
@@ -80,6 +81,9 @@ def _time(setup: Callable[[], Callable[[], object]], repeats: int,
     for _ in range(repeats):
         call = setup()
         gc.collect()
+        warm_up = getattr(call, "warm_up", None)
+        if warm_up is not None:  # after the collection, which would evict what it warmed
+            warm_up()
         out: dict = {}
         if in_new_thread:
             worker = threading.Thread(target=timed, args=(call, out))
@@ -109,16 +113,16 @@ def _resize_case(pages: int, evict: bool):
 
 def _probe_case(tokens: int):
     # Probes are read-only and repeat (a workload probes the same prefixes over and over): the
-    # timed probe is the second of two identical ones, as in a workload's steady state. Resizes
-    # and commits change the state, so they are timed once on a fresh manager.
+    # timed probe is the second of two identical ones, back to back, as in a workload's steady
+    # state. Resizes and commits change the state, so they are timed once on a fresh manager.
     def setup():
         mgr = _filled(8192, True)
         toks = np.arange(7, 7 + tokens, dtype=np.uint32)
-        mgr.probe(toks)
 
         def call():
             r = mgr.probe(toks)
             return WorkCounts(blocks_hashed=r.blocks_hashed, tree_nodes_visited=r.tree_nodes_visited)
+        call.warm_up = lambda: mgr.probe(toks)  # type: ignore[attr-defined]
         return call
     return setup
 
@@ -152,7 +156,7 @@ def measure(repeats: int = 5, progress: Callable[[str], None] | None = None) -> 
         seconds, samples, counts = _time(setup, repeats)
         t_seconds, t_samples, _ = _time(setup, repeats, in_new_thread=True)
         cases.append(Case(name, role, seconds, {u: getattr(counts, u) for u in UNITS}, samples,
-                          t_seconds, t_samples))
+                          t_seconds, t_samples, one_shot=not name.startswith("probe")))
         if progress is not None:
             progress(f"{i + 1}/{len(plan)} {name}: {seconds * 1e3:.3f} ms")
     return cases
@@ -185,9 +189,11 @@ def fit(cases: list[Case]) -> dict[str, float]:
 
 
 def first_call_factor(cases: list[Case]) -> float:
-    """Median over the ``fit`` cases of (first call in a fresh thread) / (call on the main thread)."""
+    """Median over the one-shot ``fit`` cases (resizes, commits) of (the call as a fresh thread's
+    first call) / (on the main thread). Probes are timed after a warm-up probe, so theirs would
+    compare a warm call with a cold one."""
     return float(statistics.median(c.thread_seconds / c.seconds for c in cases
-                                   if c.role == "fit" and c.seconds > 0))
+                                   if c.role == "fit" and c.one_shot and c.seconds > 0))
 
 
 def predict_us(costs: dict[str, float], counts: dict[str, int]) -> float:

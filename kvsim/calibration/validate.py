@@ -51,6 +51,19 @@ def equivalence(measured: list[float], predicted: float, q: float, seed: int = 0
     return {"ratio_ci90": [lo, hi], "equivalent_10pct": bool(lo >= 0.9 and hi <= 1.1)}
 
 
+def read_results(run_dir: Path) -> dict:
+    """A hardware run's ``results.json`` (or ``results.json.gz``, as committed measurements keep
+    the large ones)."""
+    plain, packed = run_dir / "results.json", run_dir / "results.json.gz"
+    if plain.exists():
+        return json.loads(plain.read_text())
+    if packed.exists():
+        import gzip
+
+        return json.loads(gzip.decompress(packed.read_bytes()))
+    raise KvsimError(f"{run_dir}: no results.json (or results.json.gz)")
+
+
 def _pair(measured: float, predicted: float | None) -> dict:
     return {"measured": measured, "predicted": predicted,
             "ape_pct": None if predicted is None else ape(predicted, measured)}
@@ -89,7 +102,7 @@ def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None
         overrides.append(f"cpu_model={cpu_model}")
     scenario = load_scenario(scenario_path, overrides)
     predicted = execute(scenario)
-    runs = [json.loads((d / "results.json").read_text()) for d in measured_dirs]
+    runs = [read_results(d) for d in measured_dirs]
     if not runs:
         raise KvsimError("validate needs at least one --measured results directory")
     for d, r in zip(measured_dirs, runs):
@@ -198,6 +211,17 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _pack_large(run_dir: Path, limit: int = 256 * 1024) -> None:
+    """Gzip (reproducibly: no name, no time) the run's JSON and CSV files above ``limit`` bytes,
+    so a committed report keeps every call without megabytes of text."""
+    import gzip
+
+    for f in sorted(run_dir.iterdir()):
+        if f.suffix in (".json", ".csv") and f.stat().st_size > limit:
+            f.with_name(f.name + ".gz").write_bytes(gzip.compress(f.read_bytes(), mtime=0))
+            f.unlink()
+
+
 def run(args: argparse.Namespace) -> int:
     dirs = [Path(d) for d in args.measured]
     try:
@@ -212,11 +236,12 @@ def run(args: argparse.Namespace) -> int:
         if dst.exists():
             shutil.rmtree(dst)
         shutil.copytree(d, dst)
+        _pack_large(dst)
     samples = result.pop("_samples")
     _figures(result, samples, out)
     (out / f"{result['scenario']}.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    combined = combine([json.loads(p.read_text()) for p in sorted(out.glob("*.json"))
-                        if p.name != "summary.json"])
+    validated = [json.loads(p.read_text()) for p in sorted(out.glob("*.json")) if p.name != "summary.json"]
+    combined = combine([v for v in validated if "burst_resize" in v and "scenario" in v])
     (out / "summary.json").write_text(json.dumps(combined, indent=1, sort_keys=True) + "\n")
     print(json.dumps(summary(result), sort_keys=True))
     return 0

@@ -98,7 +98,18 @@ def main(argv: list[str] | None = None) -> int:
                             print(json.dumps(sweep[-1]), flush=True)
         finally:
             pools.close()
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        provenance = {"gpu": pynvml.nvmlDeviceGetName(handle),
+                      "driver": pynvml.nvmlSystemGetDriverVersion()}
+        pynvml.nvmlShutdown()
+    except Exception as e:  # noqa: BLE001 - provenance only
+        provenance = {"gpu": f"unknown ({e})", "driver": None}
     out = {"what": "kernel batches through PlanCopier: warm vs after an idle spell",
+           "provenance": provenance,
            "timing": __doc__.split("How it is timed: ")[1].split("\n\"\"\"")[0].strip(),
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "idle_s": args.idle_s,
            "records": records, "idle_sweep": sweep}

@@ -22,3 +22,29 @@ def test_committed_runs_are_packed_and_still_read(tmp_path):
     (run / "results.json.gz").unlink()
     _pack_large(run)
     assert (run / "results.json.gz").read_bytes() == first  # byte-identical
+
+
+def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, monkeypatch):
+    """kvsim calibrate fits the committed H200 measurements into a hardware JSON that loads as
+    ``hardware:`` and carries the same figures as the h200-sxm preset made from them."""
+    import json
+    from pathlib import Path
+
+    from kvsim.cli import main
+    from kvsim.hardware import load_hardware
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # sources name repo-relative files
+    m = Path("reports") / "measurements" / "h200"
+    rc = main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet",
+               "--copy-measurement", str(m / "2026-12-02-copy-bench.json"),
+               "--plan-copies", str(m / "2026-12-02-plan-copies.json"),
+               "--link-wake", str(m / "2026-12-02-link-wake.json"), "--hardware-name", "mine"])
+    assert rc == 0
+    mine = json.loads((tmp_path / "mine.json").read_text())
+    preset = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text())
+    for d in (mine, preset):
+        d.pop("name"), d.pop("description")
+    assert mine == preset
+    spec = load_hardware(tmp_path / "mine.json")
+    assert spec.copier.idle_wake_us.offload > 0 and spec.kernel.page_latency_us.onboard > 0
+    assert len(list(tmp_path.glob("kvsim-python-*-samples.json"))) == 1  # the CPU preset's samples

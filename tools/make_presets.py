@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from kvsim.calibration.copy_fit import FIT_RULES, fit, observations
+from kvsim.calibration.hardware_json import GRID, REF_INFLIGHT, measured_preset
 
 PLAN_COPIES = "reports/measurements/h200/2026-12-02-plan-copies.json"
 LINK_WAKE = "reports/measurements/h200/2026-12-02-link-wake.json"
@@ -60,17 +61,9 @@ GIB = 1.073741824  # GiB/s -> GB/s
 TRT = "TensorRT-LLM kv_cache_manager_v2/batchedPageCopy.cu (seed PR #18541)"
 TRT_PCIE = TRT + ", computeConfigs() comment: copy engine vs kernel measured on PCIe hosts"
 NOTES = "shared/HARDWARE-NOTES.md"
-GRID = {
-    "per_cta_gbps": S(43.0, TRT + ": kPerCtaGBs"),
-    "link_efficiency": S(0.80, TRT + ": kLinkEfficiency (measured 79%-86%)"),
-    "host_sustained_gbps": S(355.0, TRT + ": kHostSustainedGBs (Grace, coherent links only)"),
-    "grid_mult": {"offload": S(0.90, TRT + ": kOffloadGridMult"),
-                  "onboard": S(1.45, TRT + ": kOnboardGridMult")},
-}
 TILE = S(4096, TRT + ": kThreads 128 x kIlp 2 x 16 B per stage")
 THREADS = S(128, TRT + ": kThreads")
-REF_INFLIGHT = {"offload": S(32768, TRT + ": kOffloadInFlightBytes (the offload knee)"),
-                "onboard": S(65536, TRT + ": kOnboardInFlightBytes (the onboard knee)")}
+
 
 
 def latency(per_cta_gbps, why):
@@ -93,113 +86,13 @@ def write(name, data):
         data["kernel"]["bidirectional_factor"] = C2C_KERNEL_BIDIR
     Path(f"kvsim/hardware/presets/{name}.json").write_text(json.dumps(fill(data), indent=1) + "\n")
 
-def h200_unaligned():
-    from kvsim.calibration.copy_fit import unaligned_efficiency
-    from kvsim.hardware.spec import load_hardware
-
-    # The fast-kernel rate the measured unaligned rate is divided by comes from the preset itself.
-    path = Path("kvsim/hardware/presets/h200-sxm.json")
-    eff = unaligned_efficiency(load_hardware(path), FIT["unaligned_fit_rows"])
-    data = json.loads(path.read_text())
-    data["kernel"]["unaligned_efficiency"] = {
-        d: fitted(eff[d], "kernel.unaligned_efficiency") for d in ("offload", "onboard")}
-    path.write_text(json.dumps(data, indent=1) + "\n")
-
-
-MEAS_GEN = MEAS["provenance"]["nvml_start"]
-
-
-def fitted_d2d():
-    d2d = max(r["median_gbs"] for r in MEAS["records"] if r["section"] == "kernel_d2d_reference")
-    return {"value": round(d2d, 2), "source": f"{H200}: device-to-device paged kernel copy, max median over CTA counts"}
-write("h200-sxm", {
-  "name": "h200-sxm",
-  "description": "H200 SXM on an x86 host over PCIe Gen5 x16 (non-coherent), fitted to this repository's own H200 measurement. Kernel figures are for hw/copy_kernels.py's LDGSTS kernel.",
-  "gpu": "NVIDIA H200",
-  "link": {
-    "kind": "pcie", "coherent": False,
-    "detected_gbps": S(63.0, f"{H200}: NVML max PCIe link generation {MEAS_GEN['pcie_max_link_gen']} x width {MEAS_GEN['pcie_max_link_width']}; {NOTES}: Gen5 x16 = 63.0 GB/s per direction"),
-    "per_direction_gbps": {"offload": fitted(PD["offload"]["ce_plateau_gbps"], "link.per_direction_gbps, copy_engine.plateau_gbps"),
-                           "onboard": fitted(PD["onboard"]["ce_plateau_gbps"], "link.per_direction_gbps, copy_engine.plateau_gbps")},
-    "bidirectional_factor": fitted(FIT["bidirectional_factor"], "link.bidirectional_factor")},
-  "copy_engine": {
-    "count": S(3, f"{H200}: CUDA attribute 40 asyncEngineCount = 3"),
-    "plateau_gbps": {d: fitted(PD[d]["ce_plateau_gbps"], "link.per_direction_gbps, copy_engine.plateau_gbps") for d in ("offload", "onboard")},
-    "per_copy_device_us": {d: fitted(PD[d]["per_copy_device_us"], "copy_engine.per_copy_device_us") for d in ("offload", "onboard")},
-    "per_call_host_us": fitted(FIT["per_call_host_us"], "copy_engine.per_call_host_us"),
-    "batch_call_host_us": fitted(FIT["batch_call_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
-    "batch_descriptor_host_us": fitted(FIT["batch_descriptor_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
-    "batch_curve": {d: [[fitted(pb, "copy_engine.batch_curve", 0), fitted(g, "copy_engine.batch_curve")] for pb, g in PD[d]["batch_curve"]]
-                    for d in ("offload", "onboard")}},
-  "kernel": {
-    "sm_count": S(132, f"{H200}: CUDA attribute 16 multiProcessorCount = 132"),
-    "threads_per_cta": S(128, "hw/copy_kernels.py: 128 threads per CTA"),
-    "tile_bytes": S(16, "hw/copy_kernels.py: 16-byte chunks are numbered across pages, so no page wastes a tile"),
-    "default_inflight_bytes": REF_INFLIGHT,
-    "latency_us": {d: fitted(PD[d]["latency_us"], "kernel.latency_us, per_cta_max_gbps, knee_p") for d in ("offload", "onboard")},
-    "per_cta_max_gbps": {d: (None if PD[d]["per_cta_max_gbps"] is None else fitted(PD[d]["per_cta_max_gbps"], "kernel.latency_us, per_cta_max_gbps, knee_p")) for d in ("offload", "onboard")},
-    "plateau_gbps": {d: fitted(PD[d]["kernel_plateau_gbps"], "kernel.plateau_gbps") for d in ("offload", "onboard")},
-    "knee_p": {d: (None if PD[d]["knee_p"] is None else fitted(PD[d]["knee_p"], "kernel.latency_us, per_cta_max_gbps, knee_p")) for d in ("offload", "onboard")},
-    "bidirectional_factor": fitted(FIT["kernel_bidirectional_factor"], "kernel.bidirectional_factor"),
-    "launch_host_us": fitted(FIT["launch_host_us"], "kernel.launch_host_us"),
-    "unaligned_efficiency": {"offload": S(1.0, "placeholder replaced below"), "onboard": S(1.0, "placeholder replaced below")},
-    "page_latency_us": {"offload": S(0.0, "placeholder replaced below"), "onboard": S(0.0, "placeholder replaced below")}},
-  "grid_policy": GRID,
-  "copier": {"batch_device_us": {"offload": S(0.0, "placeholder replaced below"), "onboard": S(0.0, "placeholder replaced below")},
-             "submit_batch_host_us": S(0.0, "placeholder replaced below"),
-             "submit_page_host_us": S(0.0, "placeholder replaced below"),
-             "idle_wake_us": {"offload": S(0.0, "placeholder replaced below"), "onboard": S(0.0, "placeholder replaced below")},
-             "idle_after_ms": S(0.0, "placeholder replaced below")},
-  "device_copy_gbps": fitted_d2d()})
-h200_unaligned()
-
-
-def h200_copier():
-    """The kernel's per-page latency and the copier's costs, fitted to the plan-copies run."""
-    from kvsim.calibration import plan_copy_fit
-    from kvsim.hardware.spec import load_hardware
-
-    path = Path("kvsim/hardware/presets/h200-sxm.json")
-    meas = json.loads(Path(PLAN_COPIES).read_text())
-    pf = plan_copy_fit.fit(load_hardware(path), meas)
-    prov = meas["provenance"]
-    src = f"{PLAN_COPIES} ({prov['gpu']}, driver {prov['driver']}, {meas['date_utc'][:10]}): kvsim.calibration.plan_copy_fit"
-    dev = "; grid search, kernel rows (4/16 KiB pools x1/x2, 1024-16384 pages, 2-32 CTAs)"
-    host = "; non-negative least squares on the selector rows' submission time less the launches"
-    data = json.loads(path.read_text())
-    data["kernel"]["page_latency_us"] = {d: S(round(pf["page_latency_us"][d], 4), src + dev) for d in ("offload", "onboard")}
-    data["copier"] = {
-        "batch_device_us": {d: S(round(pf["batch_device_us"][d], 2), src + dev) for d in ("offload", "onboard")},
-        "submit_batch_host_us": S(round(pf["submit_batch_host_us"], 3), src + host),
-        "submit_page_host_us": S(round(pf["submit_page_host_us"], 6), src + host),
-        **h200_idle_wake()}
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return data
-
-
-def h200_idle_wake():
-    """The first batch after an idle spell: the median extra device time per direction, and the
-    idle length from which it appears (the idle sweep's midpoint between none and some)."""
-    import statistics
-
-    meas = json.loads(Path(LINK_WAKE).read_text())
-    src = f"{LINK_WAKE} (NVIDIA H200, {meas['date_utc'][:10]})"
-    wake = {d: statistics.median((r["after_idle_s"] - r["warm_s"]) * 1e6 for r in meas["records"]
-                                 if r["direction"] == d) for d in ("offload", "onboard")}
-    sweep = meas["idle_sweep"]
-    base = statistics.median(x["device_s"] for x in sweep if x["idle_s"] <= 0.001)
-    slow = [x["idle_s"] for x in sweep if x["device_s"] - base > 0.5 * wake["offload"] * 1e-6]
-    fast = [x["idle_s"] for x in sweep if x["idle_s"] < min(slow)]
-    after_ms = (max(fast) + min(slow)) / 2 * 1e3
-    return {"idle_wake_us": {d: S(round(wake[d], 1), src + f": median over its 12 {d} batches of "
-                                  f"(after {meas['idle_s']} s idle) - (back to back)") for d in wake},
-            "idle_after_ms": S(round(after_ms, 1), src + f": idle sweep: no extra time after "
-                               f"{max(fast) * 1e3:g} ms idle, extra from {min(slow) * 1e3:g} ms; midpoint")}
-
-
-H200_COPIER = h200_copier()
-BORROWED["H200_COPIER_BATCH_HOST"] = H200_COPIER["copier"]["submit_batch_host_us"]
-BORROWED["H200_COPIER_PAGE_HOST"] = H200_COPIER["copier"]["submit_page_host_us"]
+H200_DATA = measured_preset(
+    "h200-sxm",
+    "H200 SXM on an x86 host over PCIe Gen5 x16 (non-coherent), fitted to this repository's own H200 measurement. Kernel figures are for hw/copy_kernels.py's LDGSTS kernel.",
+    MEASUREMENT, PLAN_COPIES, LINK_WAKE)
+Path("kvsim/hardware/presets/h200-sxm.json").write_text(json.dumps(H200_DATA, indent=1) + "\n")
+BORROWED["H200_COPIER_BATCH_HOST"] = H200_DATA["copier"]["submit_batch_host_us"]
+BORROWED["H200_COPIER_PAGE_HOST"] = H200_DATA["copier"]["submit_page_host_us"]
 NOT_MEASURED_PAGE_LATENCY = {d: S(0.0, "not measured on this GPU: no per-page term") for d in ("offload", "onboard")}
 NOT_MEASURED_BATCH_DEVICE = {d: S(0.0, "not measured on this GPU: the copier's index upload is not modelled") for d in ("offload", "onboard")}
 NOT_MEASURED_WAKE = {d: S(0.0, "not measured on this GPU: no idle wake-up time") for d in ("offload", "onboard")}

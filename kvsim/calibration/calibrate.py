@@ -1,10 +1,15 @@
 """``kvsim calibrate``: measure this machine and write presets the simulator takes.
 
-* ``--cpu`` (any machine): times the Python manager's calls and fits a CPU cost preset
-  (:mod:`kvsim.calibration.cpu_fit`), writing the raw samples beside it.
-* ``--copies MEASUREMENT.json`` (from ``python3 -m hw.bench_copy`` on the GPU): fits the copy model
-  and writes a hardware JSON (:mod:`kvsim.calibration.copy_fit`, via ``tools/make_presets.py``'s
-  rules), with the measurement file named as every figure's source.
+* Always (any machine): times the Python manager's calls (:mod:`kvsim.calibration.cpu_fit`), the
+  real lock and the hardware executor's per-call overhead (:mod:`kvsim.calibration.host_overhead`),
+  and writes a CPU cost preset ``OUT/NAME.json`` with the raw samples beside it.
+* ``--measure-copies`` (GPU machine): first runs the copy measurements into ``OUT``
+  (``hw.bench_copy``, ``hw.bench_plan_copies``, ``hw.bench_link_wake``), then fits them as below.
+* ``--copy-measurement FILE`` [``--plan-copies FILE``] [``--link-wake FILE``] (any machine, files
+  from those benchmarks): fits the copy model and writes the hardware JSON
+  ``OUT/HARDWARE_NAME.json`` (:mod:`kvsim.calibration.hardware_json`) that scenarios take as
+  ``hardware:``; every figure names its measurement file, and the file keeps the GPU, driver,
+  CUDA and date it was measured with.
 """
 
 from __future__ import annotations
@@ -20,10 +25,20 @@ from kvsim.calibration import cpu_fit, host_overhead
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("calibrate", help="measure this machine; write a CPU cost preset")
+    p = sub.add_parser("calibrate", help="measure this machine; write a CPU cost preset (and a "
+                                         "hardware JSON from copy measurements)")
     p.add_argument("--out", default="reports/calibration", help="output directory")
-    p.add_argument("--name", default=None, help="preset name (default kvsim-python-<host>)")
+    p.add_argument("--name", default=None, help="CPU preset name (default kvsim-python-<host>)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--measure-copies", action="store_true",
+                   help="GPU machine: run the copy benchmarks into --out first, then fit them")
+    p.add_argument("--quick-copies", action="store_true",
+                   help="with --measure-copies: a smoke run (hw.bench_copy --quick, 0.1 s idle spells)")
+    p.add_argument("--copy-measurement", help="hw.bench_copy output to fit a hardware JSON to")
+    p.add_argument("--plan-copies", help="hw.bench_plan_copies output (the copier's costs)")
+    p.add_argument("--link-wake", help="hw.bench_link_wake output (first copy after idling)")
+    p.add_argument("--hardware-name", default=None,
+                   help="hardware JSON name (default calibrated-<host>)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run)
 
@@ -34,6 +49,22 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     host = platform.node() or "host"
     name = args.name or f"kvsim-python-{host}"
+    if args.measure_copies:
+        measured = _measure_copies(out, say, args.quick_copies)
+        args.copy_measurement = args.copy_measurement or measured["copy"]
+        args.plan_copies = args.plan_copies or measured["plan"]
+        args.link_wake = args.link_wake or measured["wake"]
+    hardware_file = None
+    if args.copy_measurement:
+        from kvsim.calibration.hardware_json import measured_preset
+
+        hw_name = args.hardware_name or f"calibrated-{host}"
+        say(f"fitting the copy model to {args.copy_measurement}")
+        data = measured_preset(hw_name, f"Fitted by kvsim calibrate on {host} from "
+                               f"{args.copy_measurement}", args.copy_measurement, args.plan_copies,
+                               args.link_wake)
+        hardware_file = out / f"{hw_name}.json"
+        hardware_file.write_text(json.dumps(data, indent=1) + "\n")
     cases = cpu_fit.measure(args.repeats, progress=say)
     costs = cpu_fit.fit(cases)
     factor = cpu_fit.first_call_factor(cases)
@@ -63,8 +94,34 @@ def run(args: argparse.Namespace) -> int:
                                                      factor), indent=1) + "\n")
     judged = [abs(r["error_pct"]) for r in rows if r["role"] == "judge"]
     print(json.dumps({"preset": str(preset_file), "samples": str(samples_file), "unit_costs_us": costs,
+                      "hardware": None if hardware_file is None else str(hardware_file),
                       "python_call_us": overhead["us"], "first_call_factor": factor,
                       "lock_us": {m: v["us"] for m, v in lock.items()},
                       "judge_median_ape_pct": sorted(judged)[len(judged) // 2] if judged else None,
                       "judge_worst_ape_pct": max(judged) if judged else None}, sort_keys=True))
     return 0
+
+
+def _measure_copies(out: Path, say, quick: bool = False) -> dict[str, str]:
+    """Run the three copy benchmarks (GPU machine) into ``out``; the files they wrote."""
+    from hw import bench_copy, bench_link_wake, bench_plan_copies
+
+    before = set(out.glob("*.json"))
+    for label, main, extra in (
+            ("copy paths (hw.bench_copy)", bench_copy.main, ["--quick"] if quick else []),
+            ("plan-shaped batches (hw.bench_plan_copies)", bench_plan_copies.main, []),
+            ("first copy after idling (hw.bench_link_wake)", bench_link_wake.main,
+             ["--idle-s", "0.1"] if quick else [])):
+        say(f"measuring {label}")
+        if main(["--out", str(out), *extra]) not in (0, None):
+            raise SystemExit(f"kvsim calibrate: {label} failed")
+    new = sorted(set(out.glob("*.json")) - before)
+
+    def one(suffix: str) -> str:
+        found = [p for p in new if p.name.endswith(suffix)] or sorted(out.glob(f"*{suffix}"))
+        if not found:
+            raise SystemExit(f"kvsim calibrate: no *{suffix} written in {out}")
+        return str(found[-1])
+
+    return {"copy": one("-copy-bench.json"), "plan": one("-plan-copies.json"),
+            "wake": one("-link-wake.json")}

@@ -140,7 +140,18 @@ def measured_preset(name: str, description: str, copy_bench: str,
     }
     # The fast-kernel rate the measured unaligned rate is divided by comes from the preset itself.
     eff = unaligned_efficiency(_load(data), fitted_all["unaligned_fit_rows"])
-    data["kernel"]["unaligned_efficiency"] = {d: fitted(eff[d], "kernel.unaligned_efficiency") for d in DIRS}
+    unaligned = {}
+    for d in DIRS:
+        other = next((o for o in DIRS if o != d and o in eff), None)
+        if d in eff:
+            unaligned[d] = fitted(eff[d], "kernel.unaligned_efficiency")
+        elif other is not None:  # a short run may measure one direction only
+            unaligned[d] = {"value": round(eff[other], 4),
+                            "source": f"{label}: not measured for {d}; the {other} figure "
+                                      f"({FIT_RULES['kernel.unaligned_efficiency']})"}
+        else:
+            unaligned[d] = S(1.0, f"{label}: not measured (no unaligned-kernel rows): no penalty")
+    data["kernel"]["unaligned_efficiency"] = unaligned
     if plan_copies:
         _add_plan_copies(data, plan_copies)
     if link_wake:

@@ -27,19 +27,6 @@ IDLE_SWEEP_S = (0.001, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
 SLOTS = 16384 + 1024
 
 
-def _link_gen() -> int | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(pynvml.nvmlDeviceGetHandleByIndex(0)))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - provenance only
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m hw.bench_link_wake", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -51,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from hw.executor_copies import PlanCopier
+    from hw.gpu_clocks import gpu_identity, pcie_link_gen
     from hw.pools import HostDevicePools
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
@@ -77,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                     idle, gens = [], []
                     for _ in range(3):
                         time.sleep(args.idle_s)
-                        gens.append(_link_gen())
+                        gens.append(pcie_link_gen(0))
                         idle.append(copier.run([batch])[0].device_s)
                     records.append({"direction": direction, "pool_slot_bytes": list(shape),
                                     "pages": pages, "bytes": batch.num_bytes, "ctas": 8,
@@ -98,18 +86,8 @@ def main(argv: list[str] | None = None) -> int:
                             print(json.dumps(sweep[-1]), flush=True)
         finally:
             pools.close()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        provenance = {"gpu": pynvml.nvmlDeviceGetName(handle),
-                      "driver": pynvml.nvmlSystemGetDriverVersion()}
-        pynvml.nvmlShutdown()
-    except Exception as e:  # noqa: BLE001 - provenance only
-        provenance = {"gpu": f"unknown ({e})", "driver": None}
     out = {"what": "kernel batches through PlanCopier: warm vs after an idle spell",
-           "provenance": provenance,
+           "provenance": gpu_identity(0),
            "timing": __doc__.split("How it is timed: ")[1].split("\n\"\"\"")[0].strip(),
            "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "idle_s": args.idle_s,
            "records": records, "idle_sweep": sweep}

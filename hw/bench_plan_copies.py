@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hw.copy_select import CopySelector
     from hw.executor_copies import PlanCopier
+    from hw.gpu_clocks import gpu_identity
     from hw.pools import HostDevicePools
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
@@ -107,21 +108,12 @@ def main(argv: list[str] | None = None) -> int:
                                     "select_submit_samples_s": subs})
         finally:
             pools.close()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
-        gpu, driver = pynvml.nvmlDeviceGetName(h), pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-    except Exception as e:  # noqa: BLE001 - provenance only
-        gpu, driver = f"unknown ({e})", None
     out = {
         "what": "plan-shaped copy batches through hw.executor_copies.PlanCopier (kernel path)",
         "command": "python3 -m hw.bench_plan_copies " + " ".join(argv or []),
         "timing": __doc__.split("How it is timed")[1].strip(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "provenance": {"gpu": gpu, "driver": driver, "cupy": cupy.__version__,
+        "provenance": {**gpu_identity(0), "cupy": cupy.__version__,
                        "cuda_runtime": cupy.cuda.runtime.runtimeGetVersion(),
                        "python": platform.python_version(), "host": platform.node()},
         "hardware_preset": args.hardware, "slots_per_level": SLOTS,

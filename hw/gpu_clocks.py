@@ -1,4 +1,5 @@
-"""GPU clocks around a measured phase: keep every SM busy first, and read the SM clock.
+"""GPU state around a measured phase: keep every SM busy first; read the SM clock, the PCIe link
+generation and the GPU's name and driver (NVML).
 
 An idle GPU runs at low clocks and takes some time to raise them; a copy kernel whose CTAs are
 latency-bound then runs well below the rate the copy bench measured on a warm GPU. A serving GPU
@@ -44,16 +45,38 @@ def keep_busy(ms: float, stream=None) -> float:
     return time.perf_counter() - t0
 
 
-def sm_clock_mhz(device: int = 0) -> int | None:
-    """The SM clock now (NVML), or None where NVML cannot say."""
-    try:
-        import pynvml
+def _nvml(device: int, read):
+    """``read(pynvml, handle)`` inside an NVML session; raises what NVML raises."""
+    import pynvml
 
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(device)
-            return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
-        finally:
-            pynvml.nvmlShutdown()
+    pynvml.nvmlInit()
+    try:
+        return read(pynvml, pynvml.nvmlDeviceGetHandleByIndex(device))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def sm_clock_mhz(device: int = 0) -> int | None:
+    """The SM clock now, or None where NVML cannot say."""
+    try:
+        return int(_nvml(device, lambda nv, h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
     except Exception:  # noqa: BLE001 - a missing or refusing NVML only loses this figure
         return None
+
+
+def pcie_link_gen(device: int = 0) -> int | None:
+    """The PCIe link generation now, or None where NVML cannot say."""
+    try:
+        return int(_nvml(device, lambda nv, h: nv.nvmlDeviceGetCurrPcieLinkGeneration(h)))
+    except Exception:  # noqa: BLE001 - provenance only
+        return None
+
+
+def gpu_identity(device: int = 0) -> dict:
+    """``{"gpu": name, "driver": version}`` for a measurement's provenance (``gpu`` says why
+    where NVML cannot answer)."""
+    try:
+        return _nvml(device, lambda nv, h: {"gpu": nv.nvmlDeviceGetName(h),
+                                            "driver": nv.nvmlSystemGetDriverVersion()})
+    except Exception as e:  # noqa: BLE001 - provenance only
+        return {"gpu": f"unknown ({e})", "driver": None}

@@ -51,7 +51,7 @@ def main() -> int:
     from hw.copy_kernels import copy_pages
     from hw.copy_select import CopySelector
     from hw.executor_copies import PlanCopier
-    from hw.gpu_clocks import keep_busy, sm_clock_mhz
+    from hw.gpu_clocks import gpu_identity, keep_busy, sm_clock_mhz
     from hw.pools import HostDevicePools
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
@@ -144,15 +144,7 @@ def main() -> int:
                                         else v for k, v in out["submission"].items()}), flush=True)
     finally:
         pools.close()
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        out["gpu"] = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
-        out["driver"] = pynvml.nvmlSystemGetDriverVersion()
-        pynvml.nvmlShutdown()
-    except Exception as e:  # noqa: BLE001
-        out["gpu"] = f"unknown ({e})"
+    out.update(gpu_identity(0))
     out["cupy"] = cupy.__version__
     out["numpy"] = np.__version__
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from kvsim.calibration.copy_fit import FIT_RULES, fit, observations
-from kvsim.calibration.hardware_json import GRID, REF_INFLIGHT, measured_preset
+from kvsim.calibration.hardware_json import GRID, NOTES, REF_INFLIGHT, TRT, S, measured_preset
 
 PLAN_COPIES = "reports/measurements/h200/2026-12-02-plan-copies.json"
 LINK_WAKE = "reports/measurements/h200/2026-12-02-link-wake.json"
@@ -55,12 +55,8 @@ def fill(node):
         return value
     return node
 
-def S(v, s): return {"value": v, "source": s}
-
 GIB = 1.073741824  # GiB/s -> GB/s
-TRT = "TensorRT-LLM kv_cache_manager_v2/batchedPageCopy.cu (seed PR #18541)"
 TRT_PCIE = TRT + ", computeConfigs() comment: copy engine vs kernel measured on PCIe hosts"
-NOTES = "shared/HARDWARE-NOTES.md"
 TILE = S(4096, TRT + ": kThreads 128 x kIlp 2 x 16 B per stage")
 THREADS = S(128, TRT + ": kThreads")
 

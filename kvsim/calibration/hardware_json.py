@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import json
 import statistics
-import tempfile
 from pathlib import Path
 
 from kvsim.calibration.copy_fit import FIT_RULES, fit, observations, unaligned_efficiency
-from kvsim.hardware.spec import load_hardware
+from kvsim.hardware.spec import hardware_from_dict
 
 TRT = "TensorRT-LLM kv_cache_manager_v2/batchedPageCopy.cu (seed PR #18541)"
 NOTES = "shared/HARDWARE-NOTES.md"
@@ -45,13 +44,6 @@ GRID = {
 }
 REF_INFLIGHT = {"offload": S(32768, TRT + ": kOffloadInFlightBytes (the offload knee)"),
                 "onboard": S(65536, TRT + ": kOnboardInFlightBytes (the onboard knee)")}
-
-
-def _load(spec_data: dict):
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "hardware.json"
-        path.write_text(json.dumps(spec_data))
-        return load_hardware(path)
 
 
 def measured_preset(name: str, description: str, copy_bench: str,
@@ -139,7 +131,8 @@ def measured_preset(name: str, description: str, copy_bench: str,
                                        "over CTA counts"},
     }
     # The fast-kernel rate the measured unaligned rate is divided by comes from the preset itself.
-    eff = unaligned_efficiency(_load(data), fitted_all["unaligned_fit_rows"])
+    eff = unaligned_efficiency(hardware_from_dict(data, f"{name} (being fitted)"),
+                               fitted_all["unaligned_fit_rows"])
     unaligned = {}
     for d in DIRS:
         other = next((o for o in DIRS if o != d and o in eff), None)
@@ -163,7 +156,7 @@ def _add_plan_copies(data: dict, path: str) -> None:
     from kvsim.calibration import plan_copy_fit
 
     meas = json.loads(Path(path).read_text())
-    pf = plan_copy_fit.fit(_load(data), meas)
+    pf = plan_copy_fit.fit(hardware_from_dict(data, f"{data['name']} (being fitted)"), meas)
     prov = meas["provenance"]
     src = (f"{path} ({prov['gpu']}, driver {prov['driver']}, {meas['date_utc'][:10]}): "
            "kvsim.calibration.plan_copy_fit")

@@ -265,5 +265,10 @@ def load_preset_json(name_or_path: str | Path, preset_dir: Path, what: str) -> t
 def load_hardware(name_or_path: str | Path) -> HardwareSpec:
     """A preset by name, or a hardware JSON file by path."""
     path, data = load_preset_json(name_or_path, PRESET_DIR, "hardware")
+    return hardware_from_dict(data, str(path))
+
+
+def hardware_from_dict(data: dict, where: str) -> HardwareSpec:
+    """A hardware JSON already parsed; ``where`` names it in errors."""
     sources: dict[str, str] = {}
-    return _build(_strip_sources(data, "", sources, str(path)), sources, str(path))
+    return _build(_strip_sources(data, "", sources, where), sources, where)

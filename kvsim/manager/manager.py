@@ -542,8 +542,8 @@ class KVCacheManager:
                 pages = page_table[fresh_rows]
                 nodes = np.broadcast_to(np.array(fresh_nodes, dtype=np.int32)[:, None], pages.shape)
                 has = pages != NO_PAGE
+                # Not reported to the eviction index: these pages are the ACTIVE cache's, locked.
                 self.storage.pages.node[pages[has]] = nodes[has]
-                self.storage.changed(pages[has])
             c = plan.counts  # _commit_block counted its own blocks
             c.blocks_hashed += fast
             c.tree_nodes_visited += fast

@@ -21,10 +21,9 @@ import statistics
 import time
 from pathlib import Path
 
-SHAPES = ((4096,), (16384,), (4096, 4096), (16384, 16384))
-PAGES = (1024, 4096, 16384)
+from hw.bench_plan_copies import PAGES, POOL_SHAPES, SLOTS, shape_pools
+
 IDLE_SWEEP_S = (0.001, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0)
-SLOTS = 16384 + 1024
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,20 +38,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from hw.executor_copies import PlanCopier
     from hw.gpu_clocks import gpu_identity, pcie_link_gen
-    from hw.pools import HostDevicePools
     from kvsim.hardware import load_hardware
-    from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
     from kvsim.manager.plan import CopyBatch
 
     hardware = load_hardware(args.hardware)
     rng = np.random.default_rng(0)
     records, sweep = [], []
-    for shape in SHAPES:
-        page = sum(shape)
-        config = ManagerConfig(layers=(LayerConfig(slot_bytes=shape),),
-                               levels=(LevelConfig("gpu", SLOTS * page), LevelConfig("host", SLOTS * page)),
-                               tokens_per_block=32)
-        pools = HostDevicePools(KVCacheManager(config).layout, [SLOTS * page] * 2, hardware=hardware)
+    for shape in POOL_SHAPES:
+        pools = shape_pools(shape, hardware)
         try:
             for direction, (src, dst) in (("offload", (0, 1)), ("onboard", (1, 0))):
                 inflight = int(hardware.kernel.default_inflight_bytes[direction])

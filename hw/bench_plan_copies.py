@@ -34,6 +34,19 @@ CTAS = (2, 4, 8, 32)
 SLOTS = 16384 + 1024
 
 
+def shape_pools(shape: tuple[int, ...], hardware):
+    """Device and pinned host pools of ``SLOTS`` slots each for one pool group of ``shape``
+    (one pool per slot size), laid out as the manager lays them out."""
+    from hw.pools import HostDevicePools
+    from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+
+    level_bytes = SLOTS * sum(shape)
+    config = ManagerConfig(layers=(LayerConfig(slot_bytes=shape),),
+                           levels=(LevelConfig("gpu", level_bytes), LevelConfig("host", level_bytes)),
+                           tokens_per_block=32)
+    return HostDevicePools(KVCacheManager(config).layout, [level_bytes] * 2, hardware=hardware)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m hw.bench_plan_copies", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -49,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from hw.copy_select import CopySelector
     from hw.executor_copies import PlanCopier
     from hw.gpu_clocks import gpu_identity
-    from hw.pools import HostDevicePools
     from kvsim.hardware import load_hardware
-    from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
     from kvsim.manager.plan import CopyBatch
 
     hardware = load_hardware(args.hardware)
@@ -59,12 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     t_start = time.perf_counter()
     for shape in POOL_SHAPES:
-        page = sum(shape)
-        config = ManagerConfig(layers=(LayerConfig(slot_bytes=shape),),
-                               levels=(LevelConfig("gpu", SLOTS * page), LevelConfig("host", SLOTS * page)),
-                               tokens_per_block=32)
-        layout = KVCacheManager(config).layout
-        pools = HostDevicePools(layout, [SLOTS * page, SLOTS * page], hardware=hardware)
+        pools = shape_pools(shape, hardware)
         try:
             stream = cupy.cuda.Stream(non_blocking=True)
             selector = CopySelector(hardware)

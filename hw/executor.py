@@ -104,6 +104,8 @@ class HwRun:
     end_time: float
     events_processed: int
     errors: list[str]
+    # thread -> [Thread.start() called, the thread's first Python], seconds from t0
+    thread_starts: dict[str, list[float]] = field(default_factory=dict)
 
 
 class HwExecutor:
@@ -123,6 +125,7 @@ class HwExecutor:
         self.calls: list[CallRecord] = []
         self.violations: list[dict] = []
         self._errors: list[str] = []
+        self.thread_starts: dict[str, list[float]] = {}
         self._records_lock = threading.Lock()  # guards calls and violations across threads
 
     def now(self) -> float:
@@ -190,6 +193,7 @@ class HwExecutor:
                         self.recorder.write(op)
 
     def _thread(self, name: str, steps: Iterator[Step]) -> None:
+        self.thread_starts[name].append(self.now())
         try:
             for step in steps:
                 if isinstance(step, Call):
@@ -216,7 +220,9 @@ class HwExecutor:
         self.copier.start(self.t0)
         workers = [threading.Thread(target=self._thread, args=(name, threads[name]), name=name,
                                     daemon=True) for name in sorted(threads)]
+        self.thread_starts = {}
         for w in workers:
+            self.thread_starts[w.name] = [self.now()]
             w.start()
         deadline = time.perf_counter() + join_timeout_s
         for w in workers:
@@ -233,7 +239,7 @@ class HwExecutor:
                      _Stream(self.copier.records),
                      [{"thread": t, "waits_for": "did not finish within the join timeout"}
                       for t in stuck], [], self.violations, self.now(), len(self.calls),
-                     self._errors)
+                     self._errors, self.thread_starts)
 
     def _link_stats(self) -> LinkStats:
         stats = LinkStats()

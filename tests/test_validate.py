@@ -35,7 +35,7 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # sources name repo-relative files
     m = Path("reports") / "measurements" / "h200"
-    rc = main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet",
+    rc = main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet", "--gil-runs", "1",
                "--copy-measurement", str(m / "2026-12-02-copy-bench.json"),
                "--plan-copies", str(m / "2026-12-02-plan-copies.json"),
                "--link-wake", str(m / "2026-12-02-link-wake.json"), "--hardware-name", "mine"])
@@ -47,4 +47,8 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     assert mine == preset
     spec = load_hardware(tmp_path / "mine.json")
     assert spec.copier.idle_wake_us.offload > 0 and spec.kernel.page_latency_us.onboard > 0
-    assert len(list(tmp_path.glob("kvsim-python-*-samples.json"))) == 1  # the CPU preset's samples
+    (samples,) = tmp_path.glob("kvsim-python-*-samples.json")  # the CPU preset's samples
+    gil = json.loads(samples.read_text())["gil_handover"]
+    assert len(gil["raw_runs"]) == 1 and gil["benchmark"]["runs"] == 1
+    (cpu,) = [p for p in tmp_path.glob("kvsim-python-*.json") if p != samples]
+    assert json.loads(cpu.read_text())["thread_start_us"]["value"] > 0

@@ -2,7 +2,9 @@
 
 * Always (any machine): times the Python manager's calls (:mod:`kvsim.calibration.cpu_fit`), the
   real lock and the hardware executor's per-call overhead (:mod:`kvsim.calibration.host_overhead`),
-  and writes a CPU cost preset ``OUT/NAME.json`` with the raw samples beside it.
+  how the GIL changes hands between threads and what ``Thread.start()`` costs
+  (:mod:`kvsim.calibration.gil_handover`), and writes a CPU cost preset ``OUT/NAME.json`` with
+  the raw samples beside it.
 * ``--measure-copies`` (GPU machine): first runs the copy measurements into ``OUT``
   (``hw.bench_copy``, ``hw.bench_plan_copies``, ``hw.bench_link_wake``), then fits them as below.
 * ``--copy-measurement FILE`` [``--plan-copies FILE``] [``--link-wake FILE``] (any machine, files
@@ -21,7 +23,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvsim.calibration import cpu_fit, host_overhead
+from kvsim.calibration import cpu_fit, gil_handover, host_overhead
 
 
 def add_parser(sub) -> None:
@@ -30,6 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--out", default="reports/calibration", help="output directory")
     p.add_argument("--name", default=None, help="CPU preset name (default kvsim-python-<host>)")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--gil-runs", type=int, default=6,
+                   help="runs of the GIL hand-over benchmark (0: skip it)")
     p.add_argument("--measure-copies", action="store_true",
                    help="GPU machine: run the copy benchmarks into --out first, then fit them")
     p.add_argument("--quick-copies", action="store_true",
@@ -71,6 +75,18 @@ def run(args: argparse.Namespace) -> int:
     say("lock acquire/release and executor per-call overhead")
     lock = host_overhead.lock_costs()
     overhead = host_overhead.executor_call_overhead()
+    gil = None
+    if args.gil_runs > 0:
+        say(f"GIL hand-over: {args.gil_runs} runs of {gil_handover.BENCH_THREADS} threads x "
+            f"{gil_handover.BENCH_PROBES} probes")
+        gil_runs = gil_handover.measure(args.gil_runs, progress=say)
+        gil = gil_handover.estimate(gil_runs)
+        gil["benchmark"] = {"threads": gil_handover.BENCH_THREADS,
+                            "probes_per_thread": gil_handover.BENCH_PROBES,
+                            "probe_tokens": gil_handover.BENCH_PROBE_TOKENS,
+                            "runs": args.gil_runs, "warm_up_runs": 1}
+        gil["raw_runs"] = [{"calls": r.calls, "thread_starts": r.thread_starts} for r in gil_runs]
+    start_cost = gil_handover.thread_start_cost()
     samples_file = out / f"{name}-samples.json"
     rows = []
     for c in cases:
@@ -88,15 +104,21 @@ def run(args: argparse.Namespace) -> int:
         "machine": {"node": host, "processor": platform.processor() or platform.machine(),
                     "python": platform.python_version(), "platform": platform.platform()},
         "unit_costs_us": costs, "first_call_factor": factor, "cases": rows,
-        "lock_acquire_release_us": lock, "executor_call_overhead_us": overhead}, indent=1) + "\n")
+        "lock_acquire_release_us": lock, "executor_call_overhead_us": overhead,
+        "gil_handover": gil, "thread_start_us": start_cost}, indent=1) + "\n")
     preset_file = out / f"{name}.json"
     preset_file.write_text(json.dumps(cpu_fit.preset(costs, str(samples_file), name, overhead["us"],
-                                                     factor), indent=1) + "\n")
+                                                     factor, gil, start_cost["us"]),
+                                      indent=1) + "\n")
     judged = [abs(r["error_pct"]) for r in rows if r["role"] == "judge"]
     print(json.dumps({"preset": str(preset_file), "samples": str(samples_file), "unit_costs_us": costs,
                       "hardware": None if hardware_file is None else str(hardware_file),
                       "python_call_us": overhead["us"], "first_call_factor": factor,
                       "lock_us": {m: v["us"] for m, v in lock.items()},
+                      "gil_takeover_per_s": None if gil is None else gil["worker_takeover_per_s"],
+                      "gil_starter_takeover_per_s": (None if gil is None
+                                                     else gil["starter_takeover_per_s"]),
+                      "thread_start_us": start_cost["us"],
                       "judge_median_ape_pct": sorted(judged)[len(judged) // 2] if judged else None,
                       "judge_worst_ape_pct": max(judged) if judged else None}, sort_keys=True))
     return 0

@@ -201,9 +201,12 @@ def predict_us(costs: dict[str, float], counts: dict[str, int]) -> float:
 
 
 def preset(costs: dict[str, float], source_file: str, name: str,
-           call_overhead_us: float | None = None, thread_factor: float | None = None) -> dict:
+           call_overhead_us: float | None = None, thread_factor: float | None = None,
+           gil: dict | None = None, thread_start_us: float | None = None) -> dict:
     """The CPU preset; ``call_overhead_us`` (from :mod:`kvsim.calibration.host_overhead`) is the
-    executor's per-call host work outside the manager, lock included."""
+    executor's per-call host work outside the manager, lock included; ``gil`` the estimate of
+    :func:`kvsim.calibration.gil_handover.estimate` and ``thread_start_us`` the cost of
+    ``Thread.start()`` (:func:`kvsim.calibration.gil_handover.thread_start_cost`)."""
     machine = (f"on {platform.node() or 'this host'} ({platform.processor() or platform.machine()}, "
                f"Python {platform.python_version()})")
     src = (f"{source_file}: kvsim.calibration.cpu_fit {machine}; non-negative least squares over "
@@ -226,6 +229,28 @@ def preset(costs: dict[str, float], source_file: str, name: str,
             "value": round(thread_factor, 4),
             "source": f"{source_file}: kvsim.calibration.cpu_fit {machine}; median over the 'fit' "
                       "cases of (the call as a fresh thread's first call) / (on the main thread)"}}),
+        **({} if gil is None else _gil_fields(gil, source_file, machine)),
+        **({} if thread_start_us is None else {"thread_start_us": {
+            "value": round(thread_start_us, 2),
+            "source": f"{source_file}: kvsim.calibration.gil_handover.thread_start_cost {machine}; "
+                      "median Thread.start() of a thread with nothing to do"}}),
         "callback_us": {"value": 0.0, "source": "not calibrated; no workload here uses callbacks"},
         "unit_us": {u: {"value": round(costs[u], 5), "source": src} for u in UNITS},
     }
+
+
+def _gil_fields(gil: dict, source_file: str, machine: str) -> dict:
+    """The measured GIL hand-over rates; a rate nothing was seen of is left out (the simulator
+    then keeps CPython's switch-interval rule, or the workers' rate for the starter)."""
+    out = {}
+    for key, field_name, what in (
+            ("worker_takeover_per_s", "gil_takeover_per_s", "worker_takeovers"),
+            ("starter_takeover_per_s", "gil_starter_takeover_per_s", "starter_takeovers")):
+        rate, seen = gil.get(key), gil.get(what, 0)
+        if seen and rate:
+            lo, hi = gil[key.replace("_per_s", "_interval_per_s")]
+            out[field_name] = {"value": round(rate, 2),
+                               "source": f"{source_file}: kvsim.calibration.gil_handover {machine}; "
+                                         f"{seen} {what.replace('_', ' ')} in the benchmark's "
+                                         f"runs, 90 % interval [{lo:.1f}, {hi:.1f}] per s"}
+    return out

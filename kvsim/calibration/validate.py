@@ -22,6 +22,7 @@ import json
 import shutil
 import statistics
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -137,11 +138,17 @@ def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None
                             "measured_ms": m * 1e3, "predicted_ms": pc["seconds"] * 1e3,
                             "ape_pct": ape(pc["seconds"], m)})
     out["run_copy_batches"] = batches
-    # Probes.
+    # Probes: as many simulated runs as measured ones, each with its own GIL seed (the measured
+    # hand-over is random, run to run, in the model as on the machine), pooled like the runs.
+    predictions = [predicted]
+    if any(c["api"] == "KVCacheManager.probe_reuse" for c in predicted["calls"]):
+        predictions += [execute(replace(scenario, sim=replace(scenario.sim, gil_seed=scenario.seed + k)))
+                        for k in range(1, len(runs))]
+    out["predicted_runs"] = len(predictions)
     probe = {}
     for label, during in (("all", None), ("during_exclusive_hold", True)):
         meas = [x for r in runs for x in _probes(r, during)]
-        pred = _probes(predicted, during)
+        pred = [x for p in predictions for x in _probes(p, during)]
         if not meas or not pred:
             continue
         entry = {"measured_count": len(meas), "predicted_count": len(pred),
@@ -153,7 +160,7 @@ def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None
         probe[label] = entry
     out["probe"] = probe
     out["_samples"] = {"measured": [x for r in runs for x in _probes(r, None)],
-                       "predicted": _probes(predicted, None)}
+                       "predicted": [x for p in predictions for x in _probes(p, None)]}
     if copy_measurement:
         from kvsim.calibration.copy_fit import KIB, MIB, compare, observations
         from kvsim.hardware import load_hardware

@@ -217,7 +217,8 @@ def _execute_sim(scenario: Scenario, progress=None) -> dict:
                          aligned=s.aligned, wait_for_copies=s.wait_for_copies,
                          gil_release=dict(s.gil_release), check_invariants=s.check_invariants,
                          check_lock_discipline=s.check_lock_discipline,
-                         schedule_seed=s.schedule_seed, jitter=s.jitter)
+                         schedule_seed=s.schedule_seed, jitter=s.jitter,
+                         gil_seed=scenario.seed if s.gil_seed is None else s.gil_seed)
     executor = SimExecutor(manager, hardware, cpu, options)
     executor.progress = progress
     wall0 = time.perf_counter()
@@ -343,6 +344,10 @@ def _timed_results(scenario: Scenario, manager: KVCacheManager, run, records: li
     }
     if any(c.api == "KVCacheManager.probe_reuse" for c in run.calls):
         out["probe"] = metrics.probes_during_holds(run)
+    if run.thread_starts:  # when the main thread started each workload thread, and it ran
+        out["thread_starts"] = {t: {"start_called_ms": _ms(v[0]),
+                                    "began_ms": _ms(v[1]) if len(v) > 1 else None}
+                                for t, v in sorted(run.thread_starts.items())}
     return out
 
 

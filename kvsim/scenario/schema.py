@@ -27,6 +27,7 @@ Schema (``*`` = required)::
       check_lock_discipline: bool   # flag mutations made without the lock held exclusively
       schedule_seed: int            # interleaving exploration: perturb delays and event order
       jitter: float in [0, 1)       # relative perturbation of each modelled delay (default 0.1)
+      gil_seed: int                 # the measured GIL hand-over's draws (default: the seed)
     manager*:
       tokens_per_block: int >= 1    # default 32
       layers*: list of
@@ -201,6 +202,7 @@ class SimSettings:
     check_lock_discipline: bool = True
     schedule_seed: int | None = None
     jitter: float = 0.1
+    gil_seed: int | None = None  # None: the scenario's seed
 
 
 @dataclass(frozen=True)
@@ -412,6 +414,7 @@ def _sim(f: Fields) -> SimSettings:
         check_lock_discipline=f.bool("check_lock_discipline", True),
         schedule_seed=None if f.raw("schedule_seed", None) is None else f.int("schedule_seed"),
         jitter=f.float("jitter", 0.1, 0.0, 0.99),
+        gil_seed=None if f.raw("gil_seed", None) is None else f.int("gil_seed"),
     )
 
 

@@ -44,6 +44,14 @@ class CpuCostModel:
     # Host work of a workload thread's first call runs this many times slower (a thread that has
     # just started: fresh malloc arena, another core's caches); 1.0 where not measured.
     first_call_factor: float = 1.0
+    # Measured GIL hand-over (kvsim.sim.gil): the rate at which one waiting thread takes the GIL
+    # from a holder running Python; 0: CPython's switch-interval rule alone.
+    gil_takeover_per_s: float = 0.0
+    gil_starter_takeover_per_s: float = 0.0  # the same for the thread starting the others
+    # Host time of threading.Thread.start() on the thread that starts the workload threads. With
+    # a Python manager and a value > 0 the simulator starts the threads as the hardware executor
+    # does: one at a time, from a main thread that needs the GIL for each; 0: all at time 0.
+    thread_start_us: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def seconds(self, counts: WorkCounts) -> float:
@@ -92,5 +100,12 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
         holds_gil=bool(data.get("holds_gil", False)),
         first_call_factor=(value("first_call_factor", data["first_call_factor"])
                            if "first_call_factor" in data else 1.0),
+        gil_takeover_per_s=(value("gil_takeover_per_s", data["gil_takeover_per_s"])
+                            if "gil_takeover_per_s" in data else 0.0),
+        gil_starter_takeover_per_s=(
+            value("gil_starter_takeover_per_s", data["gil_starter_takeover_per_s"])
+            if "gil_starter_takeover_per_s" in data else 0.0),
+        thread_start_us=(value("thread_start_us", data["thread_start_us"])
+                         if "thread_start_us" in data else 0.0),
         sources=sources,
     )

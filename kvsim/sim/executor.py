@@ -41,6 +41,8 @@ from kvsim.sim.rwlock import LockHazardError, ReentrantSharedMutex
 from kvsim.sim.stream import CopyStream
 from kvsim.workloads.steps import Call, Sleep, Step, Until
 
+MAIN_THREAD = "MainThread"  # Python's name for the thread that starts the workload threads
+
 
 class CountingEnvironment(simpy.Environment):
     """A SimPy environment that counts the events it processes (for events-per-second)."""
@@ -73,6 +75,7 @@ class SimOptions:
     schedule_seed: int | None = None
     jitter: float = 0.1
     jitter_s: float = 1e-6
+    gil_seed: int = 0  # the measured GIL hand-over's random draws (the CPU preset's takeover rate)
 
 
 @dataclass
@@ -87,6 +90,7 @@ class SimRun:
     violations: list[dict]
     end_time: float
     events_processed: int
+    thread_starts: dict[str, list[float]] = field(default_factory=dict)
 
 
 class SimExecutor:
@@ -101,7 +105,9 @@ class SimExecutor:
             raise ValueError(f"copy_path must be auto, select or one of {', '.join(PATHS)}")
         self.env = CountingEnvironment()
         self.lock = ReentrantSharedMutex(self.env, opt.lock_policy)
-        self.gil = Gil(self.env, cpu.gil_switch_interval_us * 1e-6)
+        self.gil = Gil(self.env, cpu.gil_switch_interval_us * 1e-6,
+                       cpu.gil_takeover_per_s if cpu.holds_gil else 0.0, opt.gil_seed,
+                       MAIN_THREAD, cpu.gil_starter_takeover_per_s)
         self.link = Link(self.env, hardware)
         path = hardware.default_path() if opt.copy_path == "auto" else opt.copy_path
         self.stream = CopyStream(self.env, "migration", self.link, hardware,
@@ -114,6 +120,8 @@ class SimExecutor:
         self._alive: set[str] = set()
         self._called: set[str] = set()  # threads that have made a call
         self.deadlocks: list[Deadlock] = []
+        # thread -> [Thread.start() called, the thread's first Python] (when starts are modelled)
+        self.thread_starts: dict[str, list[float]] = {}
         self.progress = None  # optional callable(str): a line every 10,000 calls
         self._stop = self.env.event()  # succeeds when a deadlock makes further progress moot
         self._rng = (None if opt.schedule_seed is None
@@ -312,11 +320,15 @@ class SimExecutor:
                 self._stop.succeed()
 
     # -- threads ------------------------------------------------------------------------------
-    def _thread(self, name: str, steps: Iterator[Step]):
+    def _thread(self, name: str, steps: Iterator[Step], started: simpy.Event | None = None):
         self._alive.add(name)
         nudge = self._nudge()
         if nudge is not None:
             yield nudge
+        if started is not None:  # the new thread's bootstrap runs Python, then wakes its starter
+            yield from self._take_gil(name, "Thread.start")
+            self.thread_starts[name].append(self.env.now)
+            started.succeed()
         for step in steps:
             if isinstance(step, Call):
                 yield from self._call(name, step)
@@ -332,9 +344,27 @@ class SimExecutor:
         self.gil.release_fully(name)
         self._alive.discard(name)
 
-    def run(self, threads: Mapping[str, Iterator[Step]], until: float | None = None) -> SimRun:
+    def _starter(self, threads: Mapping[str, Iterator[Step]]):
+        """The main thread starting the workload threads in name order, as the hardware executor
+        does: each ``Thread.start()`` runs Python on the main thread, then blocks (GIL released)
+        until the new thread has run; the main thread then queues for the GIL again."""
         for name in sorted(threads):
-            self.env.process(self._thread(name, threads[name]))
+            yield from self._take_gil(MAIN_THREAD, "Thread.start")
+            self.thread_starts[name] = [self.env.now]
+            yield from self._python(MAIN_THREAD, self.cpu.thread_start_us * 1e-6, "Thread.start")
+            started = self.env.event()
+            self.env.process(self._thread(name, threads[name], started))
+            self.gil.release_fully(MAIN_THREAD)
+            yield started
+        self._alive.discard(MAIN_THREAD)
+
+    def run(self, threads: Mapping[str, Iterator[Step]], until: float | None = None) -> SimRun:
+        if self.cpu.holds_gil and self.cpu.thread_start_us > 0:
+            self._alive.add(MAIN_THREAD)
+            self.env.process(self._starter(threads))
+        else:
+            for name in sorted(threads):
+                self.env.process(self._thread(name, threads[name]))
         stop = self._stop if until is None else self.env.any_of([self._stop, self.env.timeout(until)])
         try:
             self.env.run(until=stop)
@@ -346,7 +376,8 @@ class SimExecutor:
         ended = self.env.peek() == float("inf") or self._stop.triggered
         stuck = self._stuck() if ended else []
         return SimRun(self.calls, self.lock, self.gil, self.link, self.stream, stuck,
-                      self.deadlocks, self.violations, self.env.now, self.env.events_processed)
+                      self.deadlocks, self.violations, self.env.now, self.env.events_processed,
+                      self.thread_starts)
 
     def _stuck(self) -> list[StuckThread]:
         return [self._describe(t) for t in sorted(self._alive) if t in self._waiting]

@@ -1,4 +1,4 @@
-"""The GIL as a SimPy resource: one holder, FIFO waiters, reentrant for its holder.
+"""The GIL as a SimPy resource: one holder, waiters, reentrant for its holder.
 
 Python client threads hold the GIL while they run Python. A binding that may block on the manager
 lock either releases the GIL first (the fixed KVCM2 bindings) or blocks holding it (the bug the
@@ -10,19 +10,43 @@ waiter that has waited ``switch_interval_s`` (``sys.getswitchinterval()``, 5 ms 
 without the GIL changing hands sets a drop request (:attr:`drop_requested`), which a holder
 running Python honours at once (see ``SimExecutor._python``); the GIL then goes to the first
 waiter and the holder queues behind it.
+
+That is the interpreter's rule, and it is what happens when a holder never lets go on its own.
+A holder that briefly releases the GIL (a numpy loop over more than 500 elements, a C call that
+drops it) signals one waiter each time and takes the GIL straight back; the waiter it woke
+usually loses that race, and starts a fresh interval, so the drop request may never come. What
+decides hand-overs then is how often a woken waiter wins the race, which is the machine's, not
+the interpreter's. The measured form (``takeover_per_s`` > 0, from ``kvsim calibrate``): each
+waiter takes the GIL from a holder running Python at that rate, independently (exponential
+waits), and a holder that blocks hands the GIL to a waiter picked at random. With
+``takeover_per_s`` = 0 the switch-interval rule above applies.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
 import simpy
 
 
 class Gil:
-    def __init__(self, env: simpy.Environment, switch_interval_s: float = 0.005) -> None:
+    """``takeover_per_s`` > 0 selects the measured hand-over; ``starter`` names the thread that
+    starts the others, which takes the GIL over at its own rate ``starter_takeover_per_s``
+    (measured apart: it waits in a different place, see :mod:`kvsim.calibration.gil_handover`).
+    ``seed`` makes the random draws repeatable."""
+
+    def __init__(self, env: simpy.Environment, switch_interval_s: float = 0.005,
+                 takeover_per_s: float = 0.0, seed: int = 0, starter: str | None = None,
+                 starter_takeover_per_s: float = 0.0) -> None:
         self.env = env
         self.switch_interval_s = switch_interval_s
+        self.takeover_per_s = takeover_per_s
+        self.starter = starter
+        self.starter_takeover_per_s = starter_takeover_per_s or takeover_per_s
+        self._rng = np.random.default_rng(seed) if takeover_per_s > 0 else None
+        self._taker: str | None = None  # the waiter a takeover hands the GIL to
+        self.takeovers = 0
         self.owner: str | None = None
         self.depth = 0
         self._waiting: deque[tuple[str, simpy.Event]] = deque()
@@ -54,8 +78,27 @@ class Gil:
         event.callbacks.append(
             lambda _e: self.wait_s.__setitem__(thread, self.wait_s.get(thread, 0.0) + self.env.now - start))
         self._waiting.append((thread, event))
-        self._arm_timer(event, self.acquisitions)
+        if self._rng is not None:
+            self._arm_takeover(thread, event)
+        else:
+            self._arm_timer(event, self.acquisitions)
         return event
+
+    def _arm_takeover(self, thread: str, waiter: simpy.Event) -> None:
+        rate = self.starter_takeover_per_s if thread == self.starter else self.takeover_per_s
+        timer = self.env.timeout(self._rng.exponential(1.0 / rate))
+
+        def fire(_e: simpy.Event) -> None:
+            if waiter.triggered:
+                return
+            if self.owner is not None and not self.drop_requested.triggered:
+                self._taker = thread
+                self.takeovers += 1
+                self.drop_requested.succeed()
+            else:  # free (a hand-over is under way) or already asked: memoryless, draw again
+                self._arm_takeover(thread, waiter)
+
+        timer.callbacks.append(fire)
 
     def _arm_timer(self, waiter: simpy.Event, switches_seen: int) -> None:
         timer = self.env.timeout(self.switch_interval_s)
@@ -77,9 +120,17 @@ class Gil:
             return
         self.owner = None
         if self._waiting:
-            nxt, event = self._waiting.popleft()
+            nxt, event = self._waiting.popleft() if self._rng is None else self._pick_waiter()
             self._grant(nxt)
             event.succeed()
+
+    def _pick_waiter(self) -> tuple[str, simpy.Event]:
+        taker, self._taker = self._taker, None
+        names = [t for t, _ in self._waiting]
+        i = names.index(taker) if taker in names else int(self._rng.integers(len(names)))
+        entry = self._waiting[i]
+        del self._waiting[i]
+        return entry
 
     def release_fully(self, thread: str) -> int:
         """Drop every level of a nested hold (a binding's GIL release); returns the depth."""

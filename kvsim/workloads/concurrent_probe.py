@@ -31,7 +31,7 @@ class ConcurrentProbeWorkload:
     kind: str = "concurrent_probe"
 
 
-def _prober(manager: KVCacheManager, tokens: np.ndarray, count: int,
+def prober(manager: KVCacheManager, tokens: np.ndarray, count: int,
             interval_s: float) -> Iterator[Step]:
     for i in range(count):
         if i and interval_s:
@@ -53,7 +53,7 @@ def workload(config: ManagerConfig, spec: ConcurrentProbeWorkload, manager: KVCa
         out: dict[str, Iterator[Step]] = {"resize": resize_thread(base.make_threads()["main"])}
         for i in range(spec.probe_threads):
             source = fillers[i % len(fillers)] if fillers else np.zeros(0, dtype=np.int64)
-            out[f"probe{i}"] = _prober(manager, source[: spec.probe_tokens],
+            out[f"probe{i}"] = prober(manager, source[: spec.probe_tokens],
                                        spec.probes_per_thread, spec.probe_interval_us * 1e-6)
         return out
 

@@ -1,0 +1,223 @@
+"""How this machine hands the GIL between Python threads, for the simulator's GIL model.
+
+CPython asks a GIL holder to let go after a waiter has waited a whole switch interval (5 ms)
+without any switch. A holder that briefly drops the GIL on its own (numpy loops over more than
+500 elements do, and a probe runs several) wakes one waiter each time and takes the GIL straight
+back; the woken waiter restarts its interval, so that request rarely comes. Who gets the GIL is
+then decided by races the operating system settles, and the only honest model is a measured one
+(:class:`kvsim.sim.gil.Gil` with ``takeover_per_s``): each waiting thread takes the GIL from a
+holder running Python at a constant rate, and the thread that starts the others at its own rate.
+
+**The benchmark** (:func:`measure`): the hardware executor (real threads, the real lock, no
+copier) runs ``threads`` threads of back-to-back ``probe_reuse`` calls on a manager filled with
+committed prefixes. The executor starts them one at a time from the main thread, as in every
+hardware run, and records when it called ``Thread.start()`` and when each thread first ran.
+
+**The estimates** (:func:`estimate`), per run then pooled:
+
+* *starter*: after thread k first runs, the main thread (woken from ``Thread.start()``) waits
+  for the GIL to start thread k+1: ``wait = start_called[k+1] - began[k]``. A wait ends by a
+  takeover, or because the holder finished (then it was cut short). Rate: takeovers over the
+  sum of the waits (maximum likelihood for exponential waits, cut-short ones included).
+* *workers*: a probe holds the GIL from start to end (the records show no gap between a
+  thread's calls: no thread loses the GIL outside a call), so completions in time order, grouped
+  into runs of one thread, are the GIL's holds. A hold that ends while its thread still has calls
+  to make, with no ``Thread.start()`` in between, was taken over by a worker. Exposure: each
+  hold's length times the number of other threads started (a new thread waits for the GIL from
+  ``Thread.start()`` on) and not yet finished. Rate:
+  takeovers over exposure.
+
+Both come with a 90 % interval (Poisson counts). The same estimator applied to the simulator's
+records of the same benchmark checks the model end to end (``tests/test_gil_handover.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.workloads import burst_resize
+from kvsim.workloads.concurrent_probe import prober
+from kvsim.workloads.steps import Step
+
+# The benchmark's shape, chosen apart from the validation scenarios (8 threads x 400 probes of
+# 4096 tokens, two 8 KiB x2 pool groups, during a resize): the estimates are judged there.
+BENCH_THREADS = 6
+BENCH_PROBES = 500
+BENCH_PROBE_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class HandoverRun:
+    """One run's records: ``calls`` as (thread, start_s, end_s); ``thread_starts`` as
+    thread -> (Thread.start() called, first ran), seconds on the calls' clock."""
+
+    calls: list[tuple[str, float, float]]
+    thread_starts: dict[str, tuple[float, float]]
+
+
+def bench_manager(seed: int = 0) -> tuple[KVCacheManager, list[np.ndarray]]:
+    """A manager whose GPU tier is half full of committed prefixes (nothing to evict)."""
+    config = ManagerConfig(layers=(LayerConfig(slot_bytes=(16384,)),),
+                           levels=(LevelConfig("gpu", 64 * 1024 * 1024),
+                                   LevelConfig("host", 64 * 1024 * 1024)),
+                           tokens_per_block=32)
+    manager = KVCacheManager(config)
+    fillers: list[np.ndarray] = []
+    spec = burst_resize.BurstResizeWorkload(history_tokens=0, capacity_tokens=0, growth_steps=0,
+                                            gpu_fill_fraction=0.5, filler_requests=4)
+    for call in burst_resize.calls(config, spec, manager, seed, fillers):
+        call.invoke()
+    return manager, fillers
+
+
+def bench_threads(manager: KVCacheManager, fillers: list[np.ndarray], threads: int,
+                  probes: int, probe_tokens: int) -> dict[str, Iterator[Step]]:
+    return {f"probe{i}": prober(manager, fillers[i % len(fillers)][:probe_tokens], probes, 0.0)
+            for i in range(threads)}
+
+
+def run_of(calls, thread_starts: dict[str, list[float]]) -> HandoverRun:
+    """A :class:`HandoverRun` from an executor's call records and ``thread_starts``."""
+    return HandoverRun([(c.thread, c.start, c.end) for c in calls if c.end is not None],
+                       {t: (v[0], v[1]) for t, v in thread_starts.items() if len(v) > 1})
+
+
+def measure(runs: int = 3, threads: int = BENCH_THREADS, probes: int = BENCH_PROBES,
+            probe_tokens: int = BENCH_PROBE_TOKENS, progress=None) -> list[HandoverRun]:
+    """``runs`` hardware-executor runs of the benchmark (no GPU needed), after one warm-up run."""
+    from hw.executor import HwExecutor, HwOptions, NullCopier
+
+    out = []
+    for i in range(runs + 1):
+        manager, fillers = bench_manager()
+        run = HwExecutor(manager, NullCopier(), HwOptions(lock_policy="writer")).run(
+            bench_threads(manager, fillers, threads, probes, probe_tokens))
+        if run.errors:
+            raise RuntimeError(f"GIL hand-over benchmark: {run.errors[0]}")
+        if i:  # the first run warms the process up
+            out.append(run_of(run.calls, run.thread_starts))
+        if progress:
+            progress(f"GIL hand-over run {i}/{runs}{' (warm-up)' if not i else ''}")
+    return out
+
+
+def thread_start_cost(samples: int = 50) -> dict:
+    """``Thread.start()`` of a thread with nothing to do, uncontended: ``perf_counter`` around
+    the call (it returns once the new thread has run); median of ``samples``."""
+    times = []
+    for _ in range(samples):
+        t = threading.Thread(target=lambda: None)
+        t0 = time.perf_counter()
+        t.start()
+        times.append(time.perf_counter() - t0)
+        t.join()
+    return {"us": statistics.median(times) * 1e6, "samples_us": [x * 1e6 for x in times]}
+
+
+def _poisson_interval(count: int, exposure: float) -> tuple[float | None, float | None]:
+    """A 90 % interval for a rate from ``count`` events over ``exposure`` (normal approximation
+    on the square root, adequate from a handful of events)."""
+    if exposure <= 0:
+        return (None, None)
+    lo = max(0.0, math.sqrt(count) - 0.8224) ** 2
+    hi = (math.sqrt(count + 1) + 0.8224) ** 2
+    return (lo / exposure, hi / exposure)
+
+
+def _holds(calls: list[tuple[str, float, float]]) -> list[tuple[str, float, float, float]]:
+    """(thread, from, to, first completion): runs of consecutive completions by one thread; a
+    hold starts where the previous ended (or at its first call's start)."""
+    out: list[list] = []
+    for thread, start, end in sorted(calls, key=lambda c: (c[2], c[1])):
+        if out and out[-1][0] == thread:
+            out[-1][2] = end
+        else:
+            out.append([thread, max(start, out[-1][2]) if out else start, end, end])
+    return [tuple(h) for h in out]
+
+
+def estimate_one(run: HandoverRun) -> dict:
+    """Counts and exposures of one run (see the module docstring)."""
+    last_end: dict[str, float] = {}
+    for thread, _s, end in run.calls:
+        last_end[thread] = max(end, last_end.get(thread, end))
+    holds = _holds(run.calls)
+    completions = sorted((end, thread) for thread, _s, end in run.calls)
+    ends = [c[0] for c in completions]
+
+    def holder_ended_before(t: float) -> bool:
+        """Whether the last call completed before ``t`` was its thread's last (the holder let
+        go because it finished)."""
+        i = int(np.searchsorted(ends, t, side="right")) - 1
+        return i >= 0 and last_end[completions[i][1]] <= completions[i][0]
+
+    starts = sorted(run.thread_starts.items(), key=lambda kv: kv[1][0])
+    waits, starter_takeovers = [], 0
+    for (_t, (_c, began)), (_n, (called_next, _b)) in zip(starts, starts[1:]):
+        waits.append(max(0.0, called_next - began))
+        # A wait that ended because the holder finished was cut short, not taken over.
+        starter_takeovers += not holder_ended_before(called_next)
+    called = sorted(v[0] for v in run.thread_starts.values())
+    # A started thread waits for the GIL from Thread.start() on.
+    alive_from = {t: v[0] for t, v in run.thread_starts.items()}
+    takeovers, exposure = 0, 0.0
+    for i, (thread, frm, to, _first) in enumerate(holds):
+        exposure += sum(max(0.0, to - max(frm, a)) for t, a in alive_from.items()
+                        if t != thread and last_end.get(t, -1.0) > to)
+        if i + 1 == len(holds) or last_end[thread] <= to:
+            continue  # the thread ended: it let go
+        # A Thread.start() between this hold's last completion and the next's first: the
+        # starter took the GIL (and handed it on when it blocked).
+        if not any(to <= c <= holds[i + 1][3] for c in called):
+            takeovers += 1
+    return {"starter_waits_s": waits, "starter_takeovers": starter_takeovers,
+            "worker_takeovers": takeovers, "worker_exposure_s": exposure, "holds": len(holds)}
+
+
+def estimate(runs: list[HandoverRun]) -> dict:
+    """Pooled rates over ``runs``, with per-run figures and 90 % intervals."""
+    per_run = [estimate_one(r) for r in runs]
+    waits = [w for r in per_run for w in r["starter_waits_s"]]
+    starter = sum(r["starter_takeovers"] for r in per_run)
+    takeovers = sum(r["worker_takeovers"] for r in per_run)
+    exposure = sum(r["worker_exposure_s"] for r in per_run)
+    return {
+        "worker_takeover_per_s": takeovers / exposure if exposure else None,
+        "worker_takeover_interval_per_s": _poisson_interval(takeovers, exposure),
+        "worker_takeovers": takeovers, "worker_exposure_s": exposure,
+        "starter_takeover_per_s": starter / sum(waits) if sum(waits) > 0 else None,
+        "starter_takeover_interval_per_s": _poisson_interval(starter, sum(waits)),
+        "starter_takeovers": starter,
+        "starter_waits_ms": [w * 1e3 for w in waits],
+        "per_run": [{"worker_takeovers": r["worker_takeovers"],
+                     "worker_exposure_s": r["worker_exposure_s"],
+                     "worker_takeover_per_s": (r["worker_takeovers"] / r["worker_exposure_s"]
+                                               if r["worker_exposure_s"] else None),
+                     "holds": r["holds"], "starter_takeovers": r["starter_takeovers"],
+                     "starter_waits_ms": [w * 1e3 for w in r["starter_waits_s"]]} for r in per_run],
+    }
+
+
+def simulate(cpu, runs: int = 3, threads: int = BENCH_THREADS, probes: int = BENCH_PROBES,
+             probe_tokens: int = BENCH_PROBE_TOKENS, hardware: str = "h200-sxm",
+             seed: int = 0) -> list[HandoverRun]:
+    """The benchmark in the simulator with CPU preset ``cpu`` (seeds ``seed``, ``seed + 1``...)."""
+    from kvsim.hardware import load_hardware
+    from kvsim.sim.executor import SimExecutor, SimOptions
+
+    hw = load_hardware(hardware)
+    out = []
+    for i in range(runs):
+        manager, fillers = bench_manager()
+        run = SimExecutor(manager, hw, cpu, SimOptions(lock_policy="writer", gil_seed=seed + i)).run(
+            bench_threads(manager, fillers, threads, probes, probe_tokens))
+        out.append(run_of(run.calls, run.thread_starts))
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import simpy
 
@@ -110,7 +111,10 @@ def test_the_starter_gets_its_own_rate():
 
 
 def python_cpu(**fields):
-    return replace(load_cpu_model("kvsim-python-h200host"), **fields)
+    """The H200 Python-manager preset with its measured hand-over replaced by ``fields``."""
+    plain = {"gil_takeover_per_s": 0.0, "gil_starter_takeover_per_s": 0.0,
+             "gil_takeover_delay": None, "thread_start_us": 0.0}
+    return replace(load_cpu_model("kvsim-python-h200host"), **(plain | fields))
 
 
 def simulate(cpu, threads=4, probes=40, seed=0):
@@ -157,6 +161,10 @@ def test_the_estimator_counts_takeovers_and_exposure_on_hand_made_records():
     # 5-6 with b (1 ms), b's 6-7 with nobody.
     assert one["worker_exposure_s"] == pytest.approx(5.5 * ms)
     assert one["starter_waits_s"] == [pytest.approx(0.4 * ms)]
+    # a lost the GIL at 3 ms and took it back at 5 ms; b lost it at 5 ms and got it back at 6 ms
+    # because a finished (cut short: b's own delay was longer than 1 ms).
+    assert sorted(one["worker_waits"]) == [(pytest.approx(1 * ms), False),
+                                           (pytest.approx(2 * ms), True)]
     assert one["starter_takeovers"] == 1  # a was mid-hold when b was started
     est = gh.estimate([run, run])
     assert est["worker_takeover_per_s"] == pytest.approx(4 / (11 * ms))
@@ -228,3 +236,59 @@ def test_validate_pools_as_many_simulated_runs_as_measured_ones(tmp_path, monkey
     assert result["predicted_runs"] == 3
     assert result["probe"]["all"]["predicted_count"] == 3 * 8 * 400
     assert result["probe"]["all"]["measured_count"] == 3 * 8 * 400
+
+
+def test_delay_quantiles_are_the_kaplan_meier_estimate():
+    probs = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
+    # No censoring: the empirical quantiles (the smallest wait reaching each probability).
+    waits = [(w, True) for w in (1.0, 2.0, 3.0, 4.0)]
+    assert gh.delay_quantiles(waits, probs) == [1.0, 1.0, 2.0, 3.0, 4.0]
+    # A wait cut short at 1.5 only says the delay was longer: 2 and 3 each carry 3/8 after it.
+    cut = [(1.0, True), (1.5, False), (2.0, True), (3.0, True)]
+    assert gh.delay_quantiles(cut, probs) == [1.0, 1.0, 2.0, 3.0, 3.0]
+    assert gh.delay_quantiles([(1.0, False)], probs) is None
+
+
+def test_the_simulator_draws_each_waiters_delay_from_a_measured_table():
+    env = simpy.Environment()
+    gil = Gil(env, seed=0, takeover_delay=((0.0, 1.0), (2.0, 2.0)))  # every delay is 2 s
+    assert gil.takeover_per_s == pytest.approx(0.5)  # one over the mean delay
+    log: list = []
+    env.process(hog(env, gil, "a", 10.0, log))
+
+    def late():
+        yield env.timeout(1.0)
+        yield gil.acquire("b")
+        log.append(("b", env.now))
+        gil.release_fully("b")
+
+    env.process(late())
+    env.run()
+    assert ("b", 3.0) in log  # queued at 1 s, took over 2 s later
+
+
+def test_the_estimator_recovers_a_delay_table_the_simulator_was_given():
+    table = ((0.0, 0.5, 0.9, 1.0), (0.001, 0.01, 0.1, 0.2))
+    cpu = python_cpu(thread_start_us=100.0, gil_takeover_delay=table, gil_starter_takeover_per_s=10.0)
+    est = gh.estimate(gh.simulate(cpu, runs=4, threads=6, probes=1500))
+    assert est["worker_waits_taken_over"] > 300
+
+    def cdf(ms):  # the recovered distribution's P(delay <= ms)
+        return np.interp(ms, est["worker_delay_quantiles_ms"], est["worker_delay_probs"])
+
+    assert cdf(10.0) == pytest.approx(0.5, abs=0.08)
+    assert cdf(100.0) == pytest.approx(0.9, abs=0.05)
+
+
+def test_a_preset_delay_table_is_read_and_checked(tmp_path):
+    data = json.loads(load_cpu_model.__globals__["CPU_PRESET_DIR"].joinpath(
+        "kvsim-python-h200host.json").read_text())
+    data["gil_takeover_delay_ms"] = {"value": {"probs": [0, 0.5, 1], "quantiles_ms": [1, 5, 50]},
+                                     "source": "test"}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(data))
+    assert load_cpu_model(path).gil_takeover_delay == ((0.0, 0.5, 1.0), (0.001, 0.005, 0.05))
+    data["gil_takeover_delay_ms"]["value"]["quantiles_ms"] = [1, 50, 5]  # falls
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="gil_takeover_delay_ms"):
+        load_cpu_model(path)

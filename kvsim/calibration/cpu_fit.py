@@ -253,4 +253,11 @@ def _gil_fields(gil: dict, source_file: str, machine: str) -> dict:
                                "source": f"{source_file}: kvsim.calibration.gil_handover {machine}; "
                                          f"{seen} {what.replace('_', ' ')} in the benchmark's "
                                          f"runs, 90 % interval [{lo:.1f}, {hi:.1f}] per s"}
+    if gil.get("worker_delay_quantiles_ms"):
+        out["gil_takeover_delay_ms"] = {
+            "value": {"probs": gil["worker_delay_probs"],
+                      "quantiles_ms": [round(q, 3) for q in gil["worker_delay_quantiles_ms"]]},
+            "source": f"{source_file}: kvsim.calibration.gil_handover {machine}; Kaplan-Meier "
+                      f"estimate over {gil['worker_waits']} waits of threads that lost the GIL "
+                      f"mid-call ({gil['worker_waits_taken_over']} ended by their own takeover)"}
     return out

@@ -54,6 +54,9 @@ from kvsim.workloads.steps import Step
 BENCH_THREADS = 6
 BENCH_PROBES = 400
 BENCH_PROBE_TOKENS = 4096
+# Where the takeover-delay distribution is tabulated (the simulator interpolates between).
+DELAY_PROBS = np.array([0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95,
+                        0.98, 0.99, 1.0])
 
 
 @dataclass(frozen=True)
@@ -181,7 +184,54 @@ def estimate_one(run: HandoverRun) -> dict:
         if not any(to <= c <= holds[i + 1][3] for c in called):
             takeovers += 1
     return {"starter_waits_s": waits, "starter_takeovers": starter_takeovers,
-            "worker_takeovers": takeovers, "worker_exposure_s": exposure, "holds": len(holds)}
+            "worker_takeovers": takeovers, "worker_exposure_s": exposure, "holds": len(holds),
+            "worker_waits": _worker_waits(holds, last_end, called)}
+
+
+def _worker_waits(holds, last_end: dict[str, float],
+                  called: list[float]) -> list[tuple[float, bool]]:
+    """(seconds, taken over) for each time a worker lost the GIL mid-way and later got it back.
+
+    The wait runs from the end of the thread's hold to the end of the hold before its next one.
+    It ended by the thread's own takeover unless the hold before its return ended because that
+    thread finished, or the starter ran in between (both hand the GIL to a waiter at random):
+    then it was cut short (censored)."""
+    out = []
+    nxt: dict[str, int] = {}
+    for i in range(len(holds) - 1, -1, -1):  # index of each hold's thread's next hold
+        thread = holds[i][0]
+        holds_next = nxt.get(thread)
+        nxt[thread] = i
+        if holds_next is None or last_end[thread] <= holds[i][2]:
+            continue
+        before = holds[holds_next - 1]
+        wait = before[2] - holds[i][2]
+        cut = last_end[before[0]] <= before[2] or \
+            any(before[2] <= c <= holds[holds_next][3] for c in called)
+        out.append((wait, not cut))
+    return out
+
+
+def delay_quantiles(waits: list[tuple[float, bool]], probs: np.ndarray) -> list[float] | None:
+    """Quantiles of the takeover delay from (wait, taken over) pairs: the Kaplan-Meier estimate
+    (cut-short waits only tell that the delay was longer). Quantiles past the estimate's reach
+    (the longest waits cut short) take the longest wait seen."""
+    events = sorted(waits)
+    if not any(e for _w, e in events):
+        return None
+    at_risk, surv, times, cdf = len(events), 1.0, [], []
+    for w, taken in events:
+        if taken:
+            surv *= 1.0 - 1.0 / at_risk
+            times.append(w)
+            cdf.append(1.0 - surv)
+        at_risk -= 1
+    longest = events[-1][0]
+    out = []
+    for p in probs:
+        k = int(np.searchsorted(cdf, p, side="left"))
+        out.append(times[k] if k < len(times) else longest)
+    return out
 
 
 def estimate(runs: list[HandoverRun]) -> dict:
@@ -191,7 +241,13 @@ def estimate(runs: list[HandoverRun]) -> dict:
     starter = sum(r["starter_takeovers"] for r in per_run)
     takeovers = sum(r["worker_takeovers"] for r in per_run)
     exposure = sum(r["worker_exposure_s"] for r in per_run)
+    worker_waits = [w for r in per_run for w in r["worker_waits"]]
+    quantiles = delay_quantiles(worker_waits, DELAY_PROBS)
     return {
+        "worker_delay_probs": DELAY_PROBS.tolist(),
+        "worker_delay_quantiles_ms": None if quantiles is None else [q * 1e3 for q in quantiles],
+        "worker_waits": len(worker_waits),
+        "worker_waits_taken_over": sum(1 for _w, e in worker_waits if e),
         "worker_takeover_per_s": takeovers / exposure if exposure else None,
         "worker_takeover_interval_per_s": _poisson_interval(takeovers, exposure),
         "worker_takeovers": takeovers, "worker_exposure_s": exposure,

@@ -48,6 +48,9 @@ class CpuCostModel:
     # from a holder running Python; 0: CPython's switch-interval rule alone.
     gil_takeover_per_s: float = 0.0
     gil_starter_takeover_per_s: float = 0.0  # the same for the thread starting the others
+    # Measured distribution of a waiter's delay until it takes the GIL over: (probabilities,
+    # delays in seconds); None: exponential at gil_takeover_per_s.
+    gil_takeover_delay: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # Host time of threading.Thread.start() on the thread that starts the workload threads. With
     # a Python manager and a value > 0 the simulator starts the threads as the hardware executor
     # does: one at a time, from a main thread that needs the GIL for each; 0: all at time 0.
@@ -105,7 +108,30 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
         gil_starter_takeover_per_s=(
             value("gil_starter_takeover_per_s", data["gil_starter_takeover_per_s"])
             if "gil_starter_takeover_per_s" in data else 0.0),
+        gil_takeover_delay=_delay_table(path, data, sources),
         thread_start_us=(value("thread_start_us", data["thread_start_us"])
                          if "thread_start_us" in data else 0.0),
         sources=sources,
     )
+
+
+def _delay_table(path: Path, data: dict, sources: dict[str, str]):
+    """``gil_takeover_delay_ms``: {"value": {"probs": [...], "quantiles_ms": [...]}, "source"}."""
+    entry = data.get("gil_takeover_delay_ms")
+    if entry is None:
+        return None
+    key = "gil_takeover_delay_ms"
+    if not isinstance(entry, dict) or set(entry) != {"value", "source"} \
+            or not isinstance(entry["value"], dict):
+        raise ConfigError(f"{path}: {key}: write {{\"value\": {{\"probs\": [...], "
+                          f"\"quantiles_ms\": [...]}}, \"source\": \"...\"}}")
+    probs, quantiles = entry["value"].get("probs"), entry["value"].get("quantiles_ms")
+    ok = (isinstance(probs, list) and isinstance(quantiles, list) and len(probs) == len(quantiles)
+          and len(probs) >= 2
+          and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in probs + quantiles))
+    if not ok or probs[0] != 0 or probs[-1] != 1 or any(b <= a for a, b in zip(probs, probs[1:])) \
+            or quantiles[0] < 0 or any(b < a for a, b in zip(quantiles, quantiles[1:])):
+        raise ConfigError(f"{path}: {key}: probs must rise from 0 to 1 and quantiles_ms (as many, "
+                          ">= 0) must not fall")
+    sources[key] = str(entry["source"])
+    return (tuple(float(p) for p in probs), tuple(float(q) * 1e-3 for q in quantiles))

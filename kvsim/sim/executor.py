@@ -107,7 +107,8 @@ class SimExecutor:
         self.lock = ReentrantSharedMutex(self.env, opt.lock_policy)
         self.gil = Gil(self.env, cpu.gil_switch_interval_us * 1e-6,
                        cpu.gil_takeover_per_s if cpu.holds_gil else 0.0, opt.gil_seed,
-                       MAIN_THREAD, cpu.gil_starter_takeover_per_s)
+                       MAIN_THREAD, cpu.gil_starter_takeover_per_s,
+                       cpu.gil_takeover_delay if cpu.holds_gil else None)
         self.link = Link(self.env, hardware)
         path = hardware.default_path() if opt.copy_path == "auto" else opt.copy_path
         self.stream = CopyStream(self.env, "migration", self.link, hardware,

@@ -18,8 +18,10 @@ usually loses that race, and starts a fresh interval, so the drop request may ne
 decides hand-overs then is how often a woken waiter wins the race, which is the machine's, not
 the interpreter's. The measured form (``takeover_per_s`` > 0, from ``kvsim calibrate``): each
 waiter takes the GIL from a holder running Python at that rate, independently (exponential
-waits), and a holder that blocks hands the GIL to a waiter picked at random. With
-``takeover_per_s`` = 0 the switch-interval rule above applies.
+waits), and a holder that blocks hands the GIL to a waiter picked at random. Measured waits are
+far more spread than exponential ones (on the H200 host: median ~10 ms, a tenth over ~150 ms), so
+where the calibration gives their distribution (``takeover_delay``: quantiles), each waiter's
+delay is drawn from it instead. With neither, the switch-interval rule above applies.
 """
 
 from __future__ import annotations
@@ -38,9 +40,16 @@ class Gil:
 
     def __init__(self, env: simpy.Environment, switch_interval_s: float = 0.005,
                  takeover_per_s: float = 0.0, seed: int = 0, starter: str | None = None,
-                 starter_takeover_per_s: float = 0.0) -> None:
+                 starter_takeover_per_s: float = 0.0,
+                 takeover_delay: tuple[tuple[float, ...], tuple[float, ...]] | None = None) -> None:
+        """``takeover_delay``: (probabilities, delays in seconds), increasing, from 0 to 1."""
         self.env = env
         self.switch_interval_s = switch_interval_s
+        self.takeover_delay = takeover_delay
+        if takeover_delay is not None and takeover_per_s <= 0:  # the rate: one over the mean
+            probs, delays = (np.asarray(v, dtype=float) for v in takeover_delay)
+            mean = float(np.sum(np.diff(probs) * (delays[1:] + delays[:-1]) / 2))
+            takeover_per_s = 1.0 / max(mean, 1e-12)
         self.takeover_per_s = takeover_per_s
         self.starter = starter
         self.starter_takeover_per_s = starter_takeover_per_s or takeover_per_s
@@ -85,8 +94,13 @@ class Gil:
         return event
 
     def _arm_takeover(self, thread: str, waiter: simpy.Event) -> None:
-        rate = self.starter_takeover_per_s if thread == self.starter else self.takeover_per_s
-        timer = self.env.timeout(self._rng.exponential(1.0 / rate))
+        if thread == self.starter:
+            delay = self._rng.exponential(1.0 / self.starter_takeover_per_s)
+        elif self.takeover_delay is not None:
+            delay = float(np.interp(self._rng.random(), *self.takeover_delay))
+        else:
+            delay = self._rng.exponential(1.0 / self.takeover_per_s)
+        timer = self.env.timeout(delay)
 
         def fire(_e: simpy.Event) -> None:
             if waiter.triggered:
@@ -95,7 +109,7 @@ class Gil:
                 self._taker = thread
                 self.takeovers += 1
                 self.drop_requested.succeed()
-            else:  # free (a hand-over is under way) or already asked: memoryless, draw again
+            else:  # free (a hand-over is under way) or already asked: the race starts again
                 self._arm_takeover(thread, waiter)
 
         timer.callbacks.append(fire)

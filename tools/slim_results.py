@@ -1,0 +1,45 @@
+"""Copy hardware-run results directories keeping what ``kvsim validate`` reads: every call with
+its times (to 0.1 us), lock times, CPU and copy figures (not its arguments or per-unit counts),
+and every top-level section. For committing many runs (a probe run's results.json is ~4 MB, ~0.2 MB slim
+and gzipped).
+
+    python3 tools/slim_results.py DEST RUN_DIR...
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+KEEP = ("index", "thread", "phase", "api", "mode", "ok", "error", "start_ms", "latency_ms",
+        "lock_requested_ms", "lock_granted_ms", "lock_released_ms", "lock_wait_ms", "cpu_ms",
+        "submit_ms", "copies_done_ms", "offloaded_pages", "onboarded_pages", "dropped_pages")
+
+
+def _round(v: object) -> object:
+    """Milliseconds to 0.1 us: far below what a perf_counter pair resolves on these hosts."""
+    return round(v, 4) if isinstance(v, float) else v
+
+
+def slim(run_dir: Path, dest: Path) -> None:
+    data = json.loads((run_dir / "results.json").read_text())
+    data["calls"] = [{k: _round(c.get(k)) for k in KEEP} for c in data["calls"]]
+    dest.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, sort_keys=True).encode()
+    (dest / "results.json.gz").write_bytes(gzip.compress(text, mtime=0))
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    dest = Path(argv[0])
+    for d in map(Path, argv[1:]):
+        slim(d, dest / d.name)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -292,3 +292,20 @@ def test_a_preset_delay_table_is_read_and_checked(tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="gil_takeover_delay_ms"):
         load_cpu_model(path)
+
+
+def test_the_python_manager_model_starves_the_writer_only_under_reader_preference():
+    """Bug scenario 3 with this project's Python manager (the preset measured on the H200): the
+    woken writer must get the GIL before it can take the lock, and under reader preference the
+    probing threads get in first, as measured (reports/bugs/hw-vs-sim.md)."""
+    from pathlib import Path
+
+    from kvsim.scenario.run import load_scenario_file, run_scenario
+
+    root = Path(__file__).resolve().parents[1]
+    sf = load_scenario_file(root / "scenarios" / "bugs" / "probe_starvation.yaml",
+                            ["cpu_model=kvsim-python-h200host"])
+    variants = run_scenario(sf)["variants"]
+    assert variants["buggy"]["starved"] and variants["buggy"]["starvation"]["readers_entered_while_waiting"] > 0
+    assert not variants["fixed"]["starved"]
+    assert variants["fixed"]["starvation"]["readers_entered_while_waiting"] == 0

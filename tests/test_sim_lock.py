@@ -148,3 +148,49 @@ def test_a_waiter_forces_a_switch_after_the_switch_interval():
     assert ("w-on", 6.0) in log  # asked at 1, no switch for 5 s: the hog drops at 6
     assert log[-1] == ("hog-off", 21.0)  # the hog resumed at 7 and finished its 20 s
     assert gil.acquisitions == 3
+
+
+def recheck_run(policy):
+    """A reader holds the lock; a writer queues; the reader leaves at 2 and a second reader comes
+    at 2.5; the woken writer needs 1 s to run again (a Python thread waiting for the GIL)."""
+    env = simpy.Environment()
+    lock = ReentrantSharedMutex(env, policy, recheck=True)
+    log: list = []
+
+    def reader(name, start, hold):
+        yield env.timeout(start)
+        request = lock.acquire(name, SH)
+        while (yield request) is None:
+            request = lock.retry(lock.pending(name))
+        log.append((name, "in", env.now))
+        yield env.timeout(hold)
+        lock.release(name)
+
+    def writer():
+        yield env.timeout(1.0)
+        request = lock.acquire("w", EX)
+        while (yield request) is None:
+            yield env.timeout(1.0)  # woken: it has to run before it can test the lock again
+            request = lock.retry(lock.pending("w"))
+        log.append(("w", "in", env.now))
+        lock.release("w")
+
+    env.process(reader("r1", 0.0, 2.0))
+    env.process(writer())
+    env.process(reader("r2", 2.5, 2.0))
+    env.run()
+    return log
+
+
+def test_in_recheck_mode_a_woken_writer_must_run_first_and_a_reader_can_barge_in():
+    # Reader preference: r2 enters at 2.5 while the woken writer is still on its way (it tests
+    # at 3.0, finds r2 inside, waits for r2 to leave at 4.5 and tests again at 5.5).
+    assert recheck_run("reader") == [("r1", "in", 0.0), ("r2", "in", 2.5), ("w", "in", 5.5)]
+    # Writer preference: the queued writer keeps r2 out; it gets the lock when it has run (3.0),
+    # and r2, woken by its release, enters then.
+    assert recheck_run("writer") == [("r1", "in", 0.0), ("w", "in", 3.0), ("r2", "in", 3.0)]
+
+
+def test_without_recheck_a_release_hands_the_lock_to_the_writer_at_once():
+    log, _lock = run("reader", [("r1", SH, 0.0, 2.0), ("w", EX, 1.0, 1.0), ("r2", SH, 2.5, 2.0)])
+    assert ("w", "in", 2.0) in log and ("r2", "in", 3.0) in log

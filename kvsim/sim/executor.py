@@ -104,7 +104,8 @@ class SimExecutor:
         if opt.copy_path not in ("auto", "select") and opt.copy_path not in PATHS:
             raise ValueError(f"copy_path must be auto, select or one of {', '.join(PATHS)}")
         self.env = CountingEnvironment()
-        self.lock = ReentrantSharedMutex(self.env, opt.lock_policy)
+        # A Python manager runs on hw.rwlock's condition-variable lock: woken waiters re-test.
+        self.lock = ReentrantSharedMutex(self.env, opt.lock_policy, recheck=cpu.holds_gil)
         self.gil = Gil(self.env, cpu.gil_switch_interval_us * 1e-6,
                        cpu.gil_takeover_per_s if cpu.holds_gil else 0.0, opt.gil_seed,
                        MAIN_THREAD, cpu.gil_starter_takeover_per_s,
@@ -169,11 +170,17 @@ class SimExecutor:
             self._waiting[thread] = ("lock", call.api)
             try:
                 request = self.lock.acquire(thread, mode, call.api)
-                if not request.triggered:
-                    if python_manager:  # threading.Condition.wait releases the GIL
-                        self.gil.release_fully(thread)
-                    self._check_deadlock(thread)
-                yield request
+                while True:
+                    if not request.triggered:
+                        if python_manager:  # threading.Condition.wait releases the GIL
+                            self.gil.release_fully(thread)
+                        self._check_deadlock(thread)
+                    if (yield request) is not None or not self.lock.recheck:
+                        break
+                    # Woken by a release: run again (a Python thread needs the GIL) and re-test.
+                    yield from self._take_gil(thread, call.api)
+                    self._waiting[thread] = ("lock", call.api)
+                    request = self.lock.retry(self.lock.pending(thread))
             except LockHazardError as e:
                 del self._waiting[thread]
                 rec.ok, rec.error, rec.end = False, f"LockHazardError: {e}", env.now

@@ -11,6 +11,13 @@ Semantics (KVCM2, DESIGN.md section 3):
   ``policy="writer"``: a waiting writer blocks new readers. Writers are served in FIFO order.
 
 Every acquisition is recorded (request, grant and release times) for wait/hold statistics.
+
+Two ways a waiter gets the lock. By default a release hands it over at once (``_dispatch``), as
+a lock whose waiters need nothing else to run. ``recheck=True`` is the hardware executor's lock
+(:class:`hw.rwlock.ThreadedSharedMutex`, a condition variable): a release only wakes the waiters,
+each must run again (for Python threads: get the GIL) and re-test the condition itself
+(:meth:`retry`), and whoever tests first wins; under reader preference a reader that comes along
+meanwhile enters and the woken writer waits on.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ __all__ = ["LockHazardError", "ReentrantSharedMutex"]
 
 
 class ReentrantSharedMutex(LockHolds):
-    def __init__(self, env: simpy.Environment, policy: str = "reader", name: str = "manager") -> None:
+    def __init__(self, env: simpy.Environment, policy: str = "reader", name: str = "manager",
+                 recheck: bool = False) -> None:
         super().__init__(policy, name)
         self.env = env
+        self.recheck = recheck
         self._waiting: deque[tuple[Acquisition, simpy.Event]] = deque()
 
     # -- queries ------------------------------------------------------------------------------
@@ -39,6 +48,10 @@ class ReentrantSharedMutex(LockHolds):
 
     def waiting_threads(self) -> list[tuple[str, str]]:
         return [(acq.thread, acq.mode) for acq, _ in self._waiting]
+
+    def pending(self, thread: str) -> Acquisition:
+        """``thread``'s queued (not yet granted) request."""
+        return next(a for a, _ in self._waiting if a.thread == thread)
 
     def _waiting_acquisitions(self) -> Iterator[Acquisition]:
         return (acq for acq, _ in self._waiting)
@@ -57,12 +70,43 @@ class ReentrantSharedMutex(LockHolds):
         if acq.nested:
             return event.succeed(acq)
         self._waiting.append((acq, event))
+        if self.recheck:
+            return self.retry(acq)
         self._dispatch()
         return event
 
     def release(self, thread: str) -> None:
         self._release(thread, self.env.now, self._waiting_acquisitions())
-        self._dispatch()
+        if self.recheck:
+            self._wake_all()
+        else:
+            self._dispatch()
+
+    # -- recheck mode (a condition variable) ------------------------------------------------------
+    def _may_enter(self, acq: Acquisition) -> bool:
+        """hw.rwlock's conditions: a writer when the lock is free and it is the first writer
+        queued; a reader when no writer holds it and (writer preference) none is queued."""
+        writers = [a for a, _ in self._waiting if a.mode == LockMode.EXCLUSIVE.value]
+        if acq.mode == LockMode.EXCLUSIVE.value:
+            return self.owner is None and not self.readers and writers[0] is acq
+        return self.owner is None and (self.policy == "reader" or not writers)
+
+    def retry(self, acq: Acquisition) -> simpy.Event:
+        """Recheck mode: test ``acq``'s condition now. Granted: a succeeded event (value ``acq``);
+        otherwise an event that succeeds with ``None`` at the next release (then retry again)."""
+        i = next(i for i, (a, _) in enumerate(self._waiting) if a is acq)
+        if self._may_enter(acq):
+            del self._waiting[i]
+            self._grant(acq, self.env.now, self._waiting_acquisitions())
+            return self.env.event().succeed(acq)
+        wake = self.env.event()
+        self._waiting[i] = (acq, wake)
+        return wake
+
+    def _wake_all(self) -> None:
+        for acq, event in self._waiting:
+            if not event.triggered:
+                event.succeed(None)
 
     def _grant_waiting(self, acq: Acquisition, event: simpy.Event) -> None:
         self._grant(acq, self.env.now, self._waiting_acquisitions())

@@ -306,6 +306,7 @@ def test_the_python_manager_model_starves_the_writer_only_under_reader_preferenc
     sf = load_scenario_file(root / "scenarios" / "bugs" / "probe_starvation.yaml",
                             ["cpu_model=kvsim-python-h200host"])
     variants = run_scenario(sf)["variants"]
-    assert variants["buggy"]["starved"] and variants["buggy"]["starvation"]["readers_entered_while_waiting"] > 0
+    buggy = variants["buggy"]
+    assert buggy["starved"] and buggy["starvation"]["readers_entered_while_waiting"] > 0
     assert not variants["fixed"]["starved"]
     assert variants["fixed"]["starvation"]["readers_entered_while_waiting"] == 0

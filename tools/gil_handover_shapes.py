@@ -3,9 +3,9 @@ thread counts: how the measured takeover rates depend on them. Writes one JSON.
 
     python3 tools/gil_handover_shapes.py OUT.json [--runs 3]
 
-Per shape: the pooled estimate, the worker takeover rate by number of waiting threads (W), and
-the median call time, with calls that saw a takeover included (what a probe costs under
-contention).
+Per shape: the pooled estimate (with the worker takeover rate by number of other live threads,
+``worker_takeovers_by_waiters``) and the median call time, with calls that saw a takeover
+included (what a probe costs under contention).
 """
 
 from __future__ import annotations
@@ -15,34 +15,11 @@ import json
 import platform
 import statistics
 import sys
-from collections import defaultdict
 from datetime import datetime, timezone
 
 from kvsim.calibration import gil_handover as gh
 
 SHAPES = [(6, 400, 2048), (6, 400, 4096), (4, 400, 4096), (8, 400, 4096), (6, 200, 8192)]
-
-
-def by_waiters(runs: list[gh.HandoverRun]) -> dict[int, dict]:
-    """Worker takeovers and exposure split by the number of other live threads during a hold."""
-    count: dict[int, int] = defaultdict(int)
-    exposure: dict[int, float] = defaultdict(float)
-    for run in runs:
-        last = {}
-        for t, _s, e in run.calls:
-            last[t] = max(e, last.get(t, e))
-        holds = gh._holds(run.calls)
-        alive = {t: v[0] for t, v in run.thread_starts.items()}
-        called = sorted(alive.values())
-        for i, (th, frm, to, _first) in enumerate(holds):
-            w = sum(1 for t, a in alive.items() if t != th and a <= frm and last.get(t, -1.0) > to)
-            exposure[w] += (to - frm) * w
-            if i + 1 < len(holds) and last[th] > to and \
-                    not any(to <= c <= holds[i + 1][3] for c in called):
-                count[w] += 1
-    return {w: {"takeovers": count[w], "exposure_s": exposure[w],
-                "per_s": count[w] / exposure[w] if exposure[w] else None}
-            for w in sorted(exposure)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -57,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         est = gh.estimate(runs)
         est.pop("per_run")
         rows.append({"threads": threads, "probes_per_thread": probes, "probe_tokens": tokens,
-                     "runs": args.runs, **est, "by_waiters": by_waiters(runs),
+                     "runs": args.runs, **est,
                      "median_call_us": statistics.median(
                          (e - s) * 1e6 for r in runs for _t, s, e in r.calls)})
     doc = {"what": "GIL hand-over benchmark (kvsim.calibration.gil_handover.measure) per shape",

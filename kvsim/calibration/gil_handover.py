@@ -174,18 +174,25 @@ def estimate_one(run: HandoverRun) -> dict:
     # A started thread waits for the GIL from Thread.start() on.
     alive_from = {t: v[0] for t, v in run.thread_starts.items()}
     takeovers, exposure = 0, 0.0
+    # The same split by how many other threads were live during the hold (the rate need not be
+    # one per waiter: tools/gil_handover_shapes.py reports it).
+    by_waiters: dict[int, list] = {}
     for i, (thread, frm, to, _first) in enumerate(holds):
-        exposure += sum(max(0.0, to - max(frm, a)) for t, a in alive_from.items()
-                        if t != thread and last_end.get(t, -1.0) > to)
+        others = [max(0.0, to - max(frm, a)) for t, a in alive_from.items()
+                  if t != thread and last_end.get(t, -1.0) > to]
+        row = by_waiters.setdefault(len(others), [0, 0.0])
+        exposure += sum(others)
+        row[1] += sum(others)
         if i + 1 == len(holds) or last_end[thread] <= to:
             continue  # the thread ended: it let go
         # A Thread.start() between this hold's last completion and the next's first: the
         # starter took the GIL (and handed it on when it blocked).
         if not any(to <= c <= holds[i + 1][3] for c in called):
             takeovers += 1
+            row[0] += 1
     return {"starter_waits_s": waits, "starter_takeovers": starter_takeovers,
             "worker_takeovers": takeovers, "worker_exposure_s": exposure, "holds": len(holds),
-            "worker_waits": _worker_waits(holds, last_end, called)}
+            "worker_waits": _worker_waits(holds, last_end, called), "by_waiters": by_waiters}
 
 
 def _worker_waits(holds, last_end: dict[str, float],
@@ -242,11 +249,20 @@ def estimate(runs: list[HandoverRun]) -> dict:
     takeovers = sum(r["worker_takeovers"] for r in per_run)
     exposure = sum(r["worker_exposure_s"] for r in per_run)
     worker_waits = [w for r in per_run for w in r["worker_waits"]]
+    by_waiters: dict[int, list] = {}
+    for r in per_run:
+        for w, (n, t) in r["by_waiters"].items():
+            row = by_waiters.setdefault(w, [0, 0.0])
+            row[0] += n
+            row[1] += t
     quantiles = delay_quantiles(worker_waits, DELAY_PROBS)
     return {
         "worker_delay_probs": DELAY_PROBS.tolist(),
         "worker_delay_quantiles_ms": None if quantiles is None else [q * 1e3 for q in quantiles],
         "worker_waits": len(worker_waits),
+        "worker_takeovers_by_waiters": {
+            w: {"takeovers": n, "exposure_s": t, "per_s": n / t if t else None}
+            for w, (n, t) in sorted(by_waiters.items())},
         "worker_waits_taken_over": sum(1 for _w, e in worker_waits if e),
         "worker_takeover_per_s": takeovers / exposure if exposure else None,
         "worker_takeover_interval_per_s": _poisson_interval(takeovers, exposure),

@@ -104,7 +104,7 @@ class ReentrantSharedMutex(LockHolds):
         return wake
 
     def _wake_all(self) -> None:
-        for acq, event in self._waiting:
+        for _acq, event in self._waiting:
             if not event.triggered:
                 event.succeed(None)
 

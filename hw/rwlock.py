@@ -42,12 +42,10 @@ class ThreadedSharedMutex(LockHolds):
                 return acq
             if mode is LockMode.EXCLUSIVE:
                 self._writers.append(acq)
-                while not (self.owner is None and not self.readers and self._writers[0] is acq):
-                    self._cond.wait()
+            while not self._may_enter(acq, self._writers):
+                self._cond.wait()
+            if mode is LockMode.EXCLUSIVE:
                 self._writers.popleft()
-            else:
-                while not (self.owner is None and (self.policy == "reader" or not self._writers)):
-                    self._cond.wait()
             self._grant(acq, self._now(), self._writers)
             return acq
 

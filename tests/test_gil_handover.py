@@ -92,21 +92,28 @@ def test_a_holder_that_blocks_hands_the_gil_to_a_random_waiter():
     assert len({first_waiter_served(seed) for seed in range(12)}) > 1  # not FIFO
 
 
-def test_the_starter_gets_its_own_rate():
+def takeover_time(gil_args: dict, name: str, at: float) -> float:
+    """A worker runs Python for 10 s; ``name`` asks for the GIL at ``at``: when it gets it."""
     env = simpy.Environment()
-    gil = Gil(env, takeover_per_s=1e-9, seed=0, starter="main", starter_takeover_per_s=100.0)
+    gil = Gil(env, **gil_args)
     log: list = []
     env.process(hog(env, gil, "worker", 10.0, log))
 
-    def main():
-        yield env.timeout(0.001)
-        yield gil.acquire("main")
-        log.append(("main", env.now))
-        gil.release_fully("main")
+    def late():
+        yield env.timeout(at)
+        yield gil.acquire(name)
+        log.append((name, env.now))
+        gil.release_fully(name)
 
-    env.process(main())
+    env.process(late())
     env.run()
-    (t_main,) = [t for n, t in log if n == "main"]
+    (t,) = [t for n, t in log if n == name]
+    return t
+
+
+def test_the_starter_gets_its_own_rate():
+    t_main = takeover_time({"takeover_per_s": 1e-9, "seed": 0, "starter": "main",
+                            "starter_takeover_per_s": 100.0}, "main", 0.001)
     assert t_main < 1.0  # 100/s: well before the worker's 10 s; the workers' rate would never
 
 
@@ -250,21 +257,9 @@ def test_delay_quantiles_are_the_kaplan_meier_estimate():
 
 
 def test_the_simulator_draws_each_waiters_delay_from_a_measured_table():
-    env = simpy.Environment()
-    gil = Gil(env, seed=0, takeover_delay=((0.0, 1.0), (2.0, 2.0)))  # every delay is 2 s
-    assert gil.takeover_per_s == pytest.approx(0.5)  # one over the mean delay
-    log: list = []
-    env.process(hog(env, gil, "a", 10.0, log))
-
-    def late():
-        yield env.timeout(1.0)
-        yield gil.acquire("b")
-        log.append(("b", env.now))
-        gil.release_fully("b")
-
-    env.process(late())
-    env.run()
-    assert ("b", 3.0) in log  # queued at 1 s, took over 2 s later
+    every_2s = {"seed": 0, "takeover_delay": ((0.0, 1.0), (2.0, 2.0))}  # every delay is 2 s
+    assert Gil(simpy.Environment(), **every_2s).takeover_per_s == pytest.approx(0.5)  # 1 / mean
+    assert takeover_time(every_2s, "b", 1.0) == 3.0  # queued at 1 s, took over 2 s later
 
 
 def test_the_estimator_recovers_a_delay_table_the_simulator_was_given():

@@ -161,7 +161,7 @@ def recheck_run(policy):
         yield env.timeout(start)
         request = lock.acquire(name, SH)
         while (yield request) is None:
-            request = lock.retry(lock.pending(name))
+            request = lock.retry(name)
         log.append((name, "in", env.now))
         yield env.timeout(hold)
         lock.release(name)
@@ -171,7 +171,7 @@ def recheck_run(policy):
         request = lock.acquire("w", EX)
         while (yield request) is None:
             yield env.timeout(1.0)  # woken: it has to run before it can test the lock again
-            request = lock.retry(lock.pending("w"))
+            request = lock.retry("w")
         log.append(("w", "in", env.now))
         lock.release("w")
 

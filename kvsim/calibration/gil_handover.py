@@ -33,6 +33,7 @@ records of the same benchmark checks the model end to end (``tests/test_gil_hand
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 import threading
@@ -149,6 +150,13 @@ def _holds(calls: list[tuple[str, float, float]]) -> list[tuple[str, float, floa
     return [tuple(h) for h in out]
 
 
+def _started_between(called: list[float], lo: float, hi: float) -> bool:
+    """Whether a ``Thread.start()`` (``called``, sorted) fell in [lo, hi]: the starter held the
+    GIL in between (and handed it to a waiter at random when it blocked)."""
+    i = bisect.bisect_left(called, lo)
+    return i < len(called) and called[i] <= hi
+
+
 def estimate_one(run: HandoverRun) -> dict:
     """Counts and exposures of one run (see the module docstring)."""
     last_end: dict[str, float] = {}
@@ -173,25 +181,21 @@ def estimate_one(run: HandoverRun) -> dict:
     called = sorted(v[0] for v in run.thread_starts.values())
     # A started thread waits for the GIL from Thread.start() on.
     alive_from = {t: v[0] for t, v in run.thread_starts.items()}
-    takeovers, exposure = 0, 0.0
-    # The same split by how many other threads were live during the hold (the rate need not be
-    # one per waiter: tools/gil_handover_shapes.py reports it).
+    # Takeovers and waiter exposure, split by how many other threads were live during the hold
+    # (the rate need not be one per waiter: tools/gil_handover_shapes.py reports the split).
     by_waiters: dict[int, list] = {}
     for i, (thread, frm, to, _first) in enumerate(holds):
         others = [max(0.0, to - max(frm, a)) for t, a in alive_from.items()
                   if t != thread and last_end.get(t, -1.0) > to]
         row = by_waiters.setdefault(len(others), [0, 0.0])
-        exposure += sum(others)
         row[1] += sum(others)
         if i + 1 == len(holds) or last_end[thread] <= to:
             continue  # the thread ended: it let go
-        # A Thread.start() between this hold's last completion and the next's first: the
-        # starter took the GIL (and handed it on when it blocked).
-        if not any(to <= c <= holds[i + 1][3] for c in called):
-            takeovers += 1
+        if not _started_between(called, to, holds[i + 1][3]):  # else the starter took it
             row[0] += 1
     return {"starter_waits_s": waits, "starter_takeovers": starter_takeovers,
-            "worker_takeovers": takeovers, "worker_exposure_s": exposure, "holds": len(holds),
+            "worker_takeovers": sum(n for n, _t in by_waiters.values()),
+            "worker_exposure_s": sum(t for _n, t in by_waiters.values()), "holds": len(holds),
             "worker_waits": _worker_waits(holds, last_end, called), "by_waiters": by_waiters}
 
 
@@ -214,7 +218,7 @@ def _worker_waits(holds, last_end: dict[str, float],
         before = holds[holds_next - 1]
         wait = before[2] - holds[i][2]
         cut = last_end[before[0]] <= before[2] or \
-            any(before[2] <= c <= holds[holds_next][3] for c in called)
+            _started_between(called, before[2], holds[holds_next][3])
         out.append((wait, not cut))
     return out
 

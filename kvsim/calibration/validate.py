@@ -162,27 +162,28 @@ def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None
                         for k in range(1, len(runs))]
     out["predicted_runs"] = len(predictions)
     probe = {}
+    samples = {}
     for label, during in (("all", None), ("during_exclusive_hold", True)):
-        meas = [x for r in runs for x in _probes(r, during)]
+        meas_runs = [_probes(r, during) for r in runs]
+        meas = [x for r in meas_runs for x in r]
         pred = [x for p in predictions for x in _probes(p, during)]
+        samples[label] = {"measured": meas, "predicted": pred}
         if not meas or not pred:
             continue
         entry = {"measured_count": len(meas), "predicted_count": len(pred),
                  "ks_statistic": ks_statistic(meas, pred)}
         for q, name in ((0.5, "p50"), (0.99, "p99")):
             m, p = float(np.quantile(meas, q)), float(np.quantile(pred, q))
-            runs_ci = run_bootstrap([_probes(r, during) for r in runs], q)
+            runs_ci = run_bootstrap(meas_runs, q)
             entry[name] = {"measured_ms": m, "predicted_ms": p, "ape_pct": ape(p, m),
                            **equivalence(meas, p, q),
                            "measured_run_bootstrap_ci90_ms": runs_ci,
                            "predicted_within_run_ci90": (None if runs_ci is None
                                                          else runs_ci[0] <= p <= runs_ci[1]),
-                           "measured_per_run_ms": [float(np.quantile(_probes(r, during), q))
-                                                   for r in runs if _probes(r, during)]}
+                           "measured_per_run_ms": [float(np.quantile(r, q)) for r in meas_runs if r]}
         probe[label] = entry
     out["probe"] = probe
-    out["_samples"] = {"measured": [x for r in runs for x in _probes(r, None)],
-                       "predicted": [x for p in predictions for x in _probes(p, None)]}
+    out["_samples"] = samples["all"]
     if copy_measurement:
         from kvsim.calibration.copy_fit import KIB, MIB, compare, observations
         from kvsim.hardware import load_hardware

@@ -87,6 +87,9 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
             raise ConfigError(f"{path}: {key}: must be a number >= 0, got {v!r}")
         return float(v)
 
+    def optional(key: str, default: float) -> float:
+        return value(key, data[key]) if key in data else default
+
     units = data.get("unit_us", {})
     unknown = sorted(set(units) - set(UNITS))
     if unknown:
@@ -101,16 +104,11 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
         python_call_us=value("python_call_us", data.get("python_call_us")),
         includes_copy_submission=bool(data.get("includes_copy_submission", False)),
         holds_gil=bool(data.get("holds_gil", False)),
-        first_call_factor=(value("first_call_factor", data["first_call_factor"])
-                           if "first_call_factor" in data else 1.0),
-        gil_takeover_per_s=(value("gil_takeover_per_s", data["gil_takeover_per_s"])
-                            if "gil_takeover_per_s" in data else 0.0),
-        gil_starter_takeover_per_s=(
-            value("gil_starter_takeover_per_s", data["gil_starter_takeover_per_s"])
-            if "gil_starter_takeover_per_s" in data else 0.0),
+        first_call_factor=optional("first_call_factor", 1.0),
+        gil_takeover_per_s=optional("gil_takeover_per_s", 0.0),
+        gil_starter_takeover_per_s=optional("gil_starter_takeover_per_s", 0.0),
         gil_takeover_delay=_delay_table(path, data, sources),
-        thread_start_us=(value("thread_start_us", data["thread_start_us"])
-                         if "thread_start_us" in data else 0.0),
+        thread_start_us=optional("thread_start_us", 0.0),
         sources=sources,
     )
 

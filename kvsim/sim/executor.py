@@ -180,7 +180,7 @@ class SimExecutor:
                     # Woken by a release: run again (a Python thread needs the GIL) and re-test.
                     yield from self._take_gil(thread, call.api)
                     self._waiting[thread] = ("lock", call.api)
-                    request = self.lock.retry(self.lock.pending(thread))
+                    request = self.lock.retry(thread)
             except LockHazardError as e:
                 del self._waiting[thread]
                 rec.ok, rec.error, rec.end = False, f"LockHazardError: {e}", env.now

@@ -7,7 +7,7 @@ in, so the same rules for nesting, hazards, release and reader-drain tracking se
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from kvsim.manager.locking import LockMode
 from kvsim.sim.records import POLICIES, Acquisition, LockHazard, LockHazardError
@@ -54,6 +54,14 @@ class LockHolds:
             if not acq.pending_readers:
                 acq.drained_at = now
         return acq
+
+    def _may_enter(self, acq: Acquisition, queued_writers: Sequence[Acquisition]) -> bool:
+        """Whether a queued request may take the lock now (a lock whose waiters re-test, as a
+        condition variable's do): a writer when the lock is free and it is the first writer
+        queued; a reader when no writer holds it and, under writer preference, none is queued."""
+        if acq.mode == LockMode.EXCLUSIVE.value:
+            return self.owner is None and not self.readers and queued_writers[0] is acq
+        return self.owner is None and (self.policy == "reader" or not queued_writers)
 
     def _grant(self, acq: Acquisition, now: float, waiting: Iterable[Acquisition]) -> None:
         """Record ``acq`` as held from ``now``; a reader counts as passing every waiting writer."""

@@ -49,10 +49,6 @@ class ReentrantSharedMutex(LockHolds):
     def waiting_threads(self) -> list[tuple[str, str]]:
         return [(acq.thread, acq.mode) for acq, _ in self._waiting]
 
-    def pending(self, thread: str) -> Acquisition:
-        """``thread``'s queued (not yet granted) request."""
-        return next(a for a, _ in self._waiting if a.thread == thread)
-
     def _waiting_acquisitions(self) -> Iterator[Acquisition]:
         return (acq for acq, _ in self._waiting)
 
@@ -71,7 +67,7 @@ class ReentrantSharedMutex(LockHolds):
             return event.succeed(acq)
         self._waiting.append((acq, event))
         if self.recheck:
-            return self.retry(acq)
+            return self.retry(thread)
         self._dispatch()
         return event
 
@@ -83,19 +79,13 @@ class ReentrantSharedMutex(LockHolds):
             self._dispatch()
 
     # -- recheck mode (a condition variable) ------------------------------------------------------
-    def _may_enter(self, acq: Acquisition) -> bool:
-        """hw.rwlock's conditions: a writer when the lock is free and it is the first writer
-        queued; a reader when no writer holds it and (writer preference) none is queued."""
-        writers = [a for a, _ in self._waiting if a.mode == LockMode.EXCLUSIVE.value]
-        if acq.mode == LockMode.EXCLUSIVE.value:
-            return self.owner is None and not self.readers and writers[0] is acq
-        return self.owner is None and (self.policy == "reader" or not writers)
-
-    def retry(self, acq: Acquisition) -> simpy.Event:
-        """Recheck mode: test ``acq``'s condition now. Granted: a succeeded event (value ``acq``);
+    def retry(self, thread: str) -> simpy.Event:
+        """Recheck mode: test ``thread``'s queued request now (hw.rwlock's condition,
+        :meth:`LockHolds._may_enter`). Granted: a succeeded event (value: the acquisition);
         otherwise an event that succeeds with ``None`` at the next release (then retry again)."""
-        i = next(i for i, (a, _) in enumerate(self._waiting) if a is acq)
-        if self._may_enter(acq):
+        i, acq = next((i, a) for i, (a, _) in enumerate(self._waiting) if a.thread == thread)
+        writers = [a for a, _ in self._waiting if a.mode == LockMode.EXCLUSIVE.value]
+        if self._may_enter(acq, writers):
             del self._waiting[i]
             self._grant(acq, self.env.now, self._waiting_acquisitions())
             return self.env.event().succeed(acq)

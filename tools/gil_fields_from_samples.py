@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from kvsim.calibration import gil_handover as gh
-from kvsim.calibration.cpu_fit import _gil_fields
+from kvsim.calibration.cpu_fit import gil_fields, machine_label
 
 
 def main(argv: list[str]) -> int:
@@ -26,11 +26,11 @@ def main(argv: list[str]) -> int:
                            {t: tuple(v) for t, v in r["thread_starts"].items()}) for r in raw]
     est = gh.estimate(runs)
     m = samples["machine"]
-    machine = f"on {m['node']} ({m['processor']}, Python {m['python']})"
+    machine = machine_label(m["node"], m["processor"], m["python"])
     preset = json.loads(preset_file.read_text())
     for key in ("gil_takeover_per_s", "gil_starter_takeover_per_s", "gil_takeover_delay_ms"):
         preset.pop(key, None)
-    fields = _gil_fields(est, str(samples_file), machine)
+    fields = gil_fields(est, str(samples_file), machine)
     fields = {k: {**v, "source": v["source"] + " (re-derived by tools/gil_fields_from_samples.py)"}
               for k, v in fields.items()}
     out, placed = {}, False

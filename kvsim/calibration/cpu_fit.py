@@ -207,8 +207,8 @@ def preset(costs: dict[str, float], source_file: str, name: str,
     executor's per-call host work outside the manager, lock included; ``gil`` the estimate of
     :func:`kvsim.calibration.gil_handover.estimate` and ``thread_start_us`` the cost of
     ``Thread.start()`` (:func:`kvsim.calibration.gil_handover.thread_start_cost`)."""
-    machine = (f"on {platform.node() or 'this host'} ({platform.processor() or platform.machine()}, "
-               f"Python {platform.python_version()})")
+    machine = machine_label(platform.node() or "this host",
+                            platform.processor() or platform.machine(), platform.python_version())
     src = (f"{source_file}: kvsim.calibration.cpu_fit {machine}; non-negative least squares over "
            "the 'fit' cases")
     python_call = ({"value": 0.0, "source": "not measured (included in per_call_us)"}
@@ -229,7 +229,7 @@ def preset(costs: dict[str, float], source_file: str, name: str,
             "value": round(thread_factor, 4),
             "source": f"{source_file}: kvsim.calibration.cpu_fit {machine}; median over the 'fit' "
                       "cases of (the call as a fresh thread's first call) / (on the main thread)"}}),
-        **({} if gil is None else _gil_fields(gil, source_file, machine)),
+        **({} if gil is None else gil_fields(gil, source_file, machine)),
         **({} if thread_start_us is None else {"thread_start_us": {
             "value": round(thread_start_us, 2),
             "source": f"{source_file}: kvsim.calibration.gil_handover.thread_start_cost {machine}; "
@@ -239,7 +239,12 @@ def preset(costs: dict[str, float], source_file: str, name: str,
     }
 
 
-def _gil_fields(gil: dict, source_file: str, machine: str) -> dict:
+def machine_label(node: str, processor: str, python: str) -> str:
+    """How a preset's sources name the machine a figure was measured on."""
+    return f"on {node} ({processor}, Python {python})"
+
+
+def gil_fields(gil: dict, source_file: str, machine: str) -> dict:
     """The measured GIL hand-over rates; a rate nothing was seen of is left out (the simulator
     then keeps CPython's switch-interval rule, or the workers' rate for the starter)."""
     out = {}

@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import simpy
 
+from kvsim.calibration import gil_fit
 from kvsim.calibration import gil_handover as gh
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_hardware
 from kvsim.sim.cpu_cost import load_cpu_model
 from kvsim.sim.executor import MAIN_THREAD, SimExecutor, SimOptions
-from kvsim.sim.gil import Gil
+from kvsim.sim.gil import Gil, Handover
 
 
 def hog(env, gil, name, seconds, log):
@@ -30,9 +31,14 @@ def hog(env, gil, name, seconds, log):
         gil.release_fully(name)
 
 
-def run_hogs(seed, rate=2.0, names=("a", "b", "c"), seconds=5.0):
+def fixed(seconds: float, **fields) -> Handover:
+    """A hand-over whose every hold lasts ``seconds`` (with one worker waiting)."""
+    return Handover(hold=((0.0, 1.0), (seconds, seconds)), **fields)
+
+
+def run_hogs(seed, handover=None, names=("a", "b", "c"), seconds=5.0):
     env = simpy.Environment()
-    gil = Gil(env, switch_interval_s=1e9, takeover_per_s=rate, seed=seed)
+    gil = Gil(env, switch_interval_s=1e9, handover=handover or fixed(0.5), seed=seed)
     log: list = []
     for n in names:
         env.process(hog(env, gil, n, seconds, log))
@@ -40,15 +46,40 @@ def run_hogs(seed, rate=2.0, names=("a", "b", "c"), seconds=5.0):
     return gil, log, env.now
 
 
-def test_waiters_take_the_gil_over_at_random_times_repeatably_per_seed():
+def test_a_holder_is_taken_over_after_a_measured_hold_by_a_random_waiter_repeatably():
     gil, log, end = run_hogs(seed=1)
     assert end == pytest.approx(15.0)  # the work is conserved: 3 x 5 s, one at a time
-    assert gil.takeovers > 3  # a rate of 2/s per waiter over 15 s: many hand-overs
-    assert gil.forced_switches == 0  # (no switch interval here: only takeovers)
+    assert gil.takeovers > 20  # 15 s of holds of 0.5 s while others wait
+    times = [t for _n, t in log]
+    # Every hold lasts 0.5 s while others wait (the exponent is 0: however many).
+    assert all(b - a == pytest.approx(0.5) for a, b in zip(times, times[1:]) if b < 10.0)
     takers = [n for n, _ in log]
     assert set(takers) == {"a", "b", "c"}
     assert run_hogs(seed=1)[1] == log  # the same seed, the same schedule
-    assert run_hogs(seed=2)[1] != log
+    assert run_hogs(seed=2)[1] != log  # who takes over is drawn
+
+
+def test_the_waiter_exponent_shortens_or_lengthens_a_hold_with_the_waiters():
+    def first_hold(exponent, waiters):
+        """All start at 0, one holds, the others wait: when the first takeover comes."""
+        _gil, log, _end = run_hogs(0, fixed(1.0, waiter_exponent=exponent),
+                                   names=tuple(f"t{i}" for i in range(waiters + 1)), seconds=3.0)
+        return log[1][1]
+
+    assert first_hold(0.0, 3) == pytest.approx(1.0)
+    assert first_hold(1.0, 3) == pytest.approx(1.0 / 3)
+    assert first_hold(-0.5, 4) == pytest.approx(2.0)
+    # A holder taken over queues again at once and counts among the next hold's waiters.
+    _gil, log, _end = run_hogs(0, fixed(1.0, waiter_exponent=1.0), names=("a", "b"), seconds=3.0)
+    assert [t for _n, t in log[:3]] == pytest.approx([0.0, 1.0, 2.0])
+
+
+def test_with_a_recent_taker_share_of_one_the_last_to_wait_takes_over():
+    _gil, log, _end = run_hogs(0, fixed(0.5, recent_taker_share=1.0), seconds=2.0)
+    takers = [n for n, _t in log]
+    # a holds first; b then c queue (in that order); c, the last to wait, takes over; then a,
+    # who lost the GIL last, and so on: the oldest waiter waits longest.
+    assert takers[:4] == ["a", "c", "a", "c"]
 
 
 def test_without_a_takeover_rate_the_switch_interval_rule_holds():
@@ -65,7 +96,7 @@ def test_without_a_takeover_rate_the_switch_interval_rule_holds():
 def first_waiter_served(seed: int) -> str:
     """A holder blocks while three threads wait; the one that gets the GIL first."""
     env = simpy.Environment()
-    gil = Gil(env, takeover_per_s=1e-9, seed=seed)  # takeovers practically never come
+    gil = Gil(env, handover=fixed(1e9), seed=seed)  # takeovers never come
     order: list = []
 
     def blocker():
@@ -112,15 +143,16 @@ def takeover_time(gil_args: dict, name: str, at: float) -> float:
 
 
 def test_the_starter_gets_its_own_rate():
-    t_main = takeover_time({"takeover_per_s": 1e-9, "seed": 0, "starter": "main",
-                            "starter_takeover_per_s": 100.0}, "main", 0.001)
-    assert t_main < 1.0  # 100/s: well before the worker's 10 s; the workers' rate would never
+    t_main = takeover_time({"handover": fixed(1e9, starter_takeover_per_s=100.0), "seed": 0,
+                            "starter": "main"}, "main", 0.001)
+    assert t_main < 1.0  # 100/s: well before the worker's 10 s; a worker's hold would never end
+    assert takeover_time({"handover": fixed(1e9), "seed": 0, "starter": "main"}, "main",
+                         0.001) == pytest.approx(10.0)  # no rate: when the holder finishes
 
 
 def python_cpu(**fields):
     """The H200 Python-manager preset with its measured hand-over replaced by ``fields``."""
-    plain = {"gil_takeover_per_s": 0.0, "gil_starter_takeover_per_s": 0.0,
-             "gil_takeover_delay": None, "thread_start_us": 0.0}
+    plain = {"gil_handover": None, "thread_start_us": 0.0}
     return replace(load_cpu_model("kvsim-python-h200host"), **(plain | fields))
 
 
@@ -132,8 +164,8 @@ def simulate(cpu, threads=4, probes=40, seed=0):
 
 
 def test_a_python_manager_run_starts_its_threads_one_by_one_from_the_main_thread():
-    run = simulate(python_cpu(thread_start_us=100.0, gil_takeover_per_s=50.0,
-                              gil_starter_takeover_per_s=20.0))
+    handover = fixed(0.02, starter_takeover_per_s=20.0)
+    run = simulate(python_cpu(thread_start_us=100.0, gil_handover=handover))
     starts = run.thread_starts
     assert sorted(starts) == ["probe0", "probe1", "probe2", "probe3"]
     ordered = [starts[f"probe{i}"] for i in range(4)]
@@ -145,12 +177,12 @@ def test_a_python_manager_run_starts_its_threads_one_by_one_from_the_main_thread
     assert all(first_call[t] >= starts[t][1] for t in starts)
     assert MAIN_THREAD not in {c.thread for c in run.calls}
     # Without thread_start_us every thread starts at time 0, as before.
-    plain = simulate(python_cpu(gil_takeover_per_s=50.0))
+    plain = simulate(python_cpu(gil_handover=handover))
     assert plain.thread_starts == {}
     assert min(c.start for c in plain.calls if c.thread == "probe3") < 1e-3
 
 
-def test_the_estimator_counts_takeovers_and_exposure_on_hand_made_records():
+def test_the_estimator_times_the_holds_on_hand_made_records():
     # t (ms): a holds 0-3 (3 calls), b took over (a still has calls) and holds 3-5, a 5-6 and
     # finishes, b 6-7 and finishes. b was started at 0.5 and ran at 0.6; a at 0 and 0.1.
     ms = 1e-3
@@ -160,30 +192,48 @@ def test_the_estimator_counts_takeovers_and_exposure_on_hand_made_records():
              ("b", 5 * ms, 7 * ms)]
     run = gh.HandoverRun(calls, {"a": (0.0, 0.1 * ms), "b": (0.5 * ms, 0.6 * ms)})
     one = gh.estimate_one(run)
-    # b's first hold needs a Thread.start() between a's last completion (3 ms) and b's first
-    # completion (4 ms) to be the starter's: there is none (0.5 ms), so two worker takeovers
-    # (a->b at 3 ms, b->a at 5 ms); a's hand-over at 6 ms is its end.
-    assert one["worker_takeovers"] == 2
-    # exposure: a's hold 0.1-3 with b waiting from 0.5 (2.5 ms), b's 3-5 with a (2 ms), a's
-    # 5-6 with b (1 ms), b's 6-7 with nobody.
-    assert one["worker_exposure_s"] == pytest.approx(5.5 * ms)
-    assert one["starter_waits_s"] == [pytest.approx(0.4 * ms)]
-    # a lost the GIL at 3 ms and took it back at 5 ms; b lost it at 5 ms and got it back at 6 ms
-    # because a finished (cut short: b's own delay was longer than 1 ms).
-    assert sorted(one["worker_waits"]) == [(pytest.approx(1 * ms), False),
-                                           (pytest.approx(2 * ms), True)]
-    assert one["starter_takeovers"] == 1  # a was mid-hold when b was started
+    # Holds are timed between first completions: a's from 1 ms to b's 4 ms (b was waiting
+    # from 0.5 ms, earlier), b's 4 -> 6 ms, a's 6 -> 7 ms; a then finished, so its last hold
+    # was cut short, not taken over. b's first completion needed no Thread.start() in between
+    # (that came at 0.5 ms), so the first two were worker takeovers.
+    assert one["holds"] == [(pytest.approx(3 * ms), 1, True), (pytest.approx(2 * ms), 1, True),
+                            (pytest.approx(1 * ms), 1, False)]
+    # The main thread waited 0.1 -> 0.5 ms to start b, with one worker (a) holding, none
+    # waiting (counted as one), and took the GIL over (a was mid-hold).
+    assert one["starter_waits_s"] == [(pytest.approx(0.4 * ms), 1)]
+    assert one["starter_takeovers"] == 1
     est = gh.estimate([run, run])
-    assert est["worker_takeover_per_s"] == pytest.approx(4 / (11 * ms))
+    assert est["worker_takeovers"] == 4 and est["holds"] == 6
+    assert est["worker_takeover_per_s"] == pytest.approx(4 / (12 * ms))
     lo, hi = est["worker_takeover_interval_per_s"]
     assert lo < est["worker_takeover_per_s"] < hi
+    # All holds had one waiter, so the exponent is not identified: the likelihood is flat and
+    # the first grid point that reaches its maximum is taken.
+    assert est["waiter_exponent"] == -1.0
 
 
-def test_the_estimator_recovers_the_rates_the_simulator_was_given():
-    cpu = python_cpu(thread_start_us=100.0, gil_takeover_per_s=40.0, gil_starter_takeover_per_s=8.0)
+def test_the_waiter_exponent_is_the_maximum_likelihood_one():
+    # Exponential holds with hazard 10 * n ** -0.5: two waiters hold sqrt(2) times as long.
+    rng = np.random.default_rng(0)
+    holds = [(float(rng.exponential(1 / (10 * n ** -0.5))), n, True)
+             for n in (1, 4) for _ in range(4000)]
+    assert gh.waiter_exponent(holds) == pytest.approx(-0.5, abs=0.06)
+    assert gh.waiter_exponent([(1.0, 2, False)]) == 0.0  # no takeover: nothing to go on
+
+
+def test_the_estimator_recovers_the_holds_the_simulator_was_given():
+    table = ((0.0, 0.5, 0.9, 1.0), (0.001, 0.01, 0.03, 0.06))
+    cpu = python_cpu(thread_start_us=100.0,
+                     gil_handover=Handover(hold=table, starter_takeover_per_s=8.0))
     est = gh.estimate(gh.simulate(cpu, runs=3, threads=6, probes=1500))
-    lo, hi = est["worker_takeover_interval_per_s"]
-    assert lo <= 40.0 <= hi and est["worker_takeovers"] > 300
+    assert est["worker_takeovers"] > 300
+    assert abs(est["waiter_exponent"]) <= 0.15  # the model's holds do not depend on waiters
+
+    def cdf(ms):  # the recovered distribution's P(hold <= ms)
+        return np.interp(ms, est["hold_quantiles_ms"], est["hold_probs"])
+
+    assert cdf(10.0) == pytest.approx(0.5, abs=0.08)
+    assert cdf(30.0) == pytest.approx(0.9, abs=0.05)
     lo, hi = est["starter_takeover_interval_per_s"]
     assert lo <= 8.0 <= hi
 
@@ -196,7 +246,7 @@ def test_the_benchmark_runs_on_real_threads_and_records_what_the_estimate_needs(
     for called, began in run.thread_starts.values():
         assert began >= called
     est = gh.estimate(runs)
-    assert est["worker_exposure_s"] >= 0 and len(est["starter_waits_ms"]) == 2
+    assert est["hold_s"] >= 0 and len(est["starter_waits_ms"]) == 2
     assert gh.thread_start_cost(samples=5)["us"] > 0
 
 
@@ -204,22 +254,36 @@ def test_cpu_presets_carry_the_gil_fields_and_reject_bad_values(tmp_path):
     data = json.loads(load_cpu_model.__globals__["CPU_PRESET_DIR"].joinpath(
         "kvsim-python-h200host.json").read_text())
     src = {"source": "test"}
-    data |= {"gil_takeover_per_s": {"value": 30.0, **src},
+    data |= {"gil_hold_ms": {"value": {"probs": [0, 0.5, 1], "quantiles_ms": [1, 5, 50]}, **src},
+             "gil_hold_waiter_exponent": {"value": -0.5, **src},
+             "gil_recent_taker_share": {"value": 0.3, **src},
              "gil_starter_takeover_per_s": {"value": 6.0, **src},
              "thread_start_us": {"value": 80.0, **src}}
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(data))
     cpu = load_cpu_model(path)
-    assert (cpu.gil_takeover_per_s, cpu.gil_starter_takeover_per_s, cpu.thread_start_us) == \
-        (30.0, 6.0, 80.0)
-    data["gil_takeover_per_s"]["value"] = -1
+    assert cpu.gil_handover == Handover(hold=((0.0, 0.5, 1.0), (0.001, 0.005, 0.05)),
+                                        waiter_exponent=-0.5, recent_taker_share=0.3,
+                                        starter_takeover_per_s=6.0)
+    assert cpu.thread_start_us == 80.0
+    for key, bad, message in (
+            ("gil_starter_takeover_per_s", {"value": -1, **src}, "gil_starter_takeover_per_s"),
+            ("gil_recent_taker_share", {"value": 1.5, **src}, "gil_recent_taker_share"),
+            ("gil_hold_ms", {"value": {"probs": [0, 0.5, 1], "quantiles_ms": [1, 50, 5]}, **src},
+             "gil_hold_ms"),  # falls
+            ("gil_hold_ms", {"value": [1, 2]}, "gil_hold_ms")):
+        path.write_text(json.dumps(data | {key: bad}))
+        with pytest.raises(ConfigError, match=message):
+            load_cpu_model(path)
+    del data["gil_hold_ms"]
     path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="gil_takeover_per_s"):
-        load_cpu_model(path)
+    assert load_cpu_model(path).gil_handover is None  # CPython's switch-interval rule
 
 
 def test_a_simulated_run_with_the_measured_hand_over_is_repeatable():
-    cpu = python_cpu(thread_start_us=100.0, gil_takeover_per_s=200.0, gil_starter_takeover_per_s=50.0)
+    cpu = python_cpu(thread_start_us=100.0, gil_handover=Handover(
+        hold=((0.0, 0.5, 1.0), (0.001, 0.005, 0.05)), waiter_exponent=-0.5,
+        recent_taker_share=0.3, starter_takeover_per_s=50.0))
 
     def times(seed):
         return [(c.thread, c.start, c.end) for c in simulate(cpu, seed=seed).calls]
@@ -245,48 +309,23 @@ def test_validate_pools_as_many_simulated_runs_as_measured_ones(tmp_path, monkey
     assert result["probe"]["all"]["measured_count"] == 3 * 8 * 400
 
 
-def test_delay_quantiles_are_the_kaplan_meier_estimate():
+def test_km_quantiles_are_the_kaplan_meier_estimate():
     probs = np.array([0.0, 0.25, 0.5, 0.75, 1.0])
-    # No censoring: the empirical quantiles (the smallest wait reaching each probability).
+    # No censoring: the empirical quantiles (the smallest duration reaching each probability).
     waits = [(w, True) for w in (1.0, 2.0, 3.0, 4.0)]
-    assert gh.delay_quantiles(waits, probs) == [1.0, 1.0, 2.0, 3.0, 4.0]
-    # A wait cut short at 1.5 only says the delay was longer: 2 and 3 each carry 3/8 after it.
+    assert gh.km_quantiles(waits, probs) == [1.0, 1.0, 2.0, 3.0, 4.0]
+    # One cut short at 1.5 only says it was longer: 2 and 3 each carry 3/8 after it.
     cut = [(1.0, True), (1.5, False), (2.0, True), (3.0, True)]
-    assert gh.delay_quantiles(cut, probs) == [1.0, 1.0, 2.0, 3.0, 3.0]
-    assert gh.delay_quantiles([(1.0, False)], probs) is None
+    assert gh.km_quantiles(cut, probs) == [1.0, 1.0, 2.0, 3.0, 3.0]
+    assert gh.km_quantiles([(1.0, False)], probs) is None
 
 
-def test_the_simulator_draws_each_waiters_delay_from_a_measured_table():
-    every_2s = {"seed": 0, "takeover_delay": ((0.0, 1.0), (2.0, 2.0))}  # every delay is 2 s
-    assert Gil(simpy.Environment(), **every_2s).takeover_per_s == pytest.approx(0.5)  # 1 / mean
-    assert takeover_time(every_2s, "b", 1.0) == 3.0  # queued at 1 s, took over 2 s later
-
-
-def test_the_estimator_recovers_a_delay_table_the_simulator_was_given():
-    table = ((0.0, 0.5, 0.9, 1.0), (0.001, 0.01, 0.1, 0.2))
-    cpu = python_cpu(thread_start_us=100.0, gil_takeover_delay=table, gil_starter_takeover_per_s=10.0)
-    est = gh.estimate(gh.simulate(cpu, runs=4, threads=6, probes=1500))
-    assert est["worker_waits_taken_over"] > 300
-
-    def cdf(ms):  # the recovered distribution's P(delay <= ms)
-        return np.interp(ms, est["worker_delay_quantiles_ms"], est["worker_delay_probs"])
-
-    assert cdf(10.0) == pytest.approx(0.5, abs=0.08)
-    assert cdf(100.0) == pytest.approx(0.9, abs=0.05)
-
-
-def test_a_preset_delay_table_is_read_and_checked(tmp_path):
-    data = json.loads(load_cpu_model.__globals__["CPU_PRESET_DIR"].joinpath(
-        "kvsim-python-h200host.json").read_text())
-    data["gil_takeover_delay_ms"] = {"value": {"probs": [0, 0.5, 1], "quantiles_ms": [1, 5, 50]},
-                                     "source": "test"}
-    path = tmp_path / "cpu.json"
-    path.write_text(json.dumps(data))
-    assert load_cpu_model(path).gil_takeover_delay == ((0.0, 0.5, 1.0), (0.001, 0.005, 0.05))
-    data["gil_takeover_delay_ms"]["value"]["quantiles_ms"] = [1, 50, 5]  # falls
-    path.write_text(json.dumps(data))
-    with pytest.raises(ConfigError, match="gil_takeover_delay_ms"):
-        load_cpu_model(path)
+def test_raw_runs_load_by_thread_count():
+    raw = [{"threads": 2, "calls": [["a", 0.0, 1.0]], "thread_starts": {"a": [0, 0], "b": [0, 1]}},
+           {"calls": [["a", 0.0, 1.0]], "thread_starts": {"a": [0, 0], "b": [0, 1], "c": [1, 2]}}]
+    runs = gh.runs_from_json(raw)
+    assert sorted(runs) == [2, 3]  # without "threads": the threads started
+    assert runs[2][0].calls == [("a", 0.0, 1.0)] and runs[3][0].thread_starts["c"] == (1, 2)
 
 
 def test_the_python_manager_model_starves_the_writer_only_under_reader_preference():
@@ -305,3 +344,30 @@ def test_the_python_manager_model_starves_the_writer_only_under_reader_preferenc
     assert buggy["starved"] and buggy["starvation"]["readers_entered_while_waiting"] > 0
     assert not variants["fixed"]["starved"]
     assert variants["fixed"]["starvation"]["readers_entered_while_waiting"] == 0
+
+
+def test_the_fit_finds_the_knobs_that_made_the_latencies():
+    """"Measured" runs made by the simulator itself at hold scale 2 and taker share 0.5, with
+    the seeds the fit uses: the fit's grid point with those knobs reproduces them exactly."""
+    import math
+
+    truth = Handover(hold=((0.0, 0.5, 1.0), (0.001, 0.004, 0.02)), starter_takeover_per_s=20.0)
+    cpu = python_cpu(thread_start_us=100.0)
+    made = replace(cpu, gil_handover=replace(truth, hold=(truth.hold[0], (0.002, 0.008, 0.04)),
+                                             recent_taker_share=0.5))
+    measured = {n: gh.simulate(made, math.ceil(1600 / (n * gh.BENCH_PROBES)), threads=n,
+                               seed=1000 * n) for n in (2, 4)}
+    result = gil_fit.fit(cpu, truth, measured, shares=(0.0, 0.5), exponents=(0.0,),
+                         scales=(1.0, 2.0), sim_probes=1600, processes=1)
+    assert (result["hold_scale"], result["recent_taker_share"]) == (2.0, 0.5)
+    assert result["loss"] == 0.0 and len(result["evaluations"]) == 4
+    assert result["handover"].hold[1] == pytest.approx((0.002, 0.008, 0.04))
+    others = [r["loss"] for r in result["evaluations"] if r["loss"] > 0]
+    assert len(others) == 3  # the other points miss the targets
+
+
+def test_fit_targets_count_probes_over_three_times_the_median():
+    calls = [("a", 0.0, 1.0)] * 6 + [("a", 0.0, 3.5), ("a", 0.0, 5.0)]
+    t = gil_fit.targets([gh.HandoverRun(calls, {})])
+    assert (t.probes, t.interrupted_share, t.interrupted_median_s) == (8, 0.25, 4.25)
+

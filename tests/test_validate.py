@@ -36,7 +36,7 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # sources name repo-relative files
     m = Path("reports") / "measurements" / "h200"
     rc = main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet", "--gil-runs", "1",
-               "--copy-measurement", str(m / "2026-12-02-copy-bench.json"),
+               "--no-gil-fit", "--copy-measurement", str(m / "2026-12-02-copy-bench.json"),
                "--plan-copies", str(m / "2026-12-02-plan-copies.json"),
                "--link-wake", str(m / "2026-12-02-link-wake.json"), "--hardware-name", "mine"])
     assert rc == 0
@@ -49,6 +49,10 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     assert spec.copier.idle_wake_us.offload > 0 and spec.kernel.page_latency_us.onboard > 0
     (samples,) = tmp_path.glob("kvsim-python-*-samples.json")  # the CPU preset's samples
     gil = json.loads(samples.read_text())["gil_handover"]
-    assert len(gil["raw_runs"]) == 1 and gil["benchmark"]["runs"] == 1
+    assert [r["threads"] for r in gil["raw_runs"]] == [4, 12]  # one run per thread count
+    assert gil["benchmark"]["runs_per_thread_count"] == 1 and "fit" not in gil
     (cpu,) = [p for p in tmp_path.glob("kvsim-python-*.json") if p != samples]
-    assert json.loads(cpu.read_text())["thread_start_us"]["value"] > 0
+    fields = json.loads(cpu.read_text())
+    assert fields["thread_start_us"]["value"] > 0
+    assert fields["gil_recent_taker_share"] == {"value": 0.0, "source": "not fitted: a waiter "
+                                                                      "picked at random"}

@@ -1,38 +1,61 @@
-"""Re-derive a CPU preset's GIL hand-over fields from the raw benchmark runs its calibration
-samples keep (``gil_handover.raw_runs``), with this version's estimator. For calibrations made
-before the estimator gained a field (the takeover-delay distribution), so no machine is needed.
+"""Re-derive a CPU preset's GIL hand-over fields from raw benchmark runs, with this version's
+estimator and fit, so no machine is needed: the runs a calibration's samples keep
+(``gil_handover.raw_runs``), or runs made apart (tools/gil_bench_runs.py, as
+tools/interleaved_runs.sh makes them between validation runs).
 
-    python3 tools/gil_fields_from_samples.py SAMPLES.json PRESET.json   (rewrites PRESET.json)
+    python3 tools/gil_fields_from_samples.py SAMPLES.json PRESET.json [BENCH.jsonl[.gz] ...]
+
+Rewrites PRESET.json's GIL fields and writes the estimate and the fit, every grid point
+included, to PRESET-gil-fit.json beside it (the fit simulates the benchmark: minutes).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
 
+from kvsim.calibration import gil_fit
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration.cpu_fit import gil_fields, machine_label
+from kvsim.sim.cpu_cost import load_cpu_model
+
+GIL_KEYS = ("gil_hold_ms", "gil_hold_waiter_exponent", "gil_recent_taker_share",
+            "gil_starter_takeover_per_s",
+            # the previous model's fields, replaced
+            "gil_takeover_per_s", "gil_takeover_delay_ms")
+
+
+def _text(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
+    if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
-    samples_file, preset_file = map(Path, argv)
+    samples_file, preset_file, bench_files = Path(argv[0]), Path(argv[1]), argv[2:]
     samples = json.loads(samples_file.read_text())
-    raw = samples["gil_handover"]["raw_runs"]
-    runs = [gh.HandoverRun([tuple(c) for c in r["calls"]],
-                           {t: tuple(v) for t, v in r["thread_starts"].items()}) for r in raw]
-    est = gh.estimate(runs)
+    if bench_files:
+        raw = [json.loads(line) for f in bench_files for line in _text(Path(f)).splitlines()
+               if line.strip()]
+        source = ", ".join(bench_files)
+    else:
+        raw = samples["gil_handover"]["raw_runs"]
+        source = str(samples_file)
+    runs = gh.runs_from_json(raw)
+    est = gh.estimate([r for rs in runs.values() for r in rs])
+    result = gil_fit.fit(load_cpu_model(preset_file), gil_fit.estimated_handover(est), runs,
+                         progress=lambda m: print(m, file=sys.stderr))
+    est["fit"] = gil_fit.summary(result)
     m = samples["machine"]
-    machine = machine_label(m["node"], m["processor"], m["python"])
-    preset = json.loads(preset_file.read_text())
-    for key in ("gil_takeover_per_s", "gil_starter_takeover_per_s", "gil_takeover_delay_ms"):
-        preset.pop(key, None)
-    fields = gil_fields(est, str(samples_file), machine)
-    fields = {k: {**v, "source": v["source"] + " (re-derived by tools/gil_fields_from_samples.py)"}
+    fields = gil_fields(est, source, machine_label(m["node"], m["processor"], m["python"]))
+    fields = {k: {**v, "source": v["source"] + " (derived by tools/gil_fields_from_samples.py)"}
               for k, v in fields.items()}
+    preset = json.loads(preset_file.read_text())
+    for key in GIL_KEYS:
+        preset.pop(key, None)
     out, placed = {}, False
     for k, v in preset.items():  # keep the preset's order: the GIL fields before callback_us
         if k == "callback_us" and not placed:
@@ -42,7 +65,13 @@ def main(argv: list[str]) -> int:
     if not placed:
         out.update(fields)
     preset_file.write_text(json.dumps(out, indent=1) + "\n")
-    print(json.dumps({k: v["value"] for k, v in fields.items()}))
+    fit_file = preset_file.with_name(preset_file.stem + "-gil-fit.json")
+    fit_file.write_text(json.dumps({
+        "what": "GIL hand-over estimate (kvsim.calibration.gil_handover) and fit "
+                "(kvsim.calibration.gil_fit) from the benchmark runs in 'runs_from'",
+        "runs_from": source, "runs_by_thread_count": {n: len(r) for n, r in runs.items()},
+        "estimate": est}, indent=1, default=list) + "\n")
+    print(json.dumps({k: v["value"] for k, v in fields.items() if k != "gil_hold_ms"}))
     return 0
 
 

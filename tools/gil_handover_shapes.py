@@ -3,9 +3,10 @@ thread counts: how the measured takeover rates depend on them. Writes one JSON.
 
     python3 tools/gil_handover_shapes.py OUT.json [--runs 3]
 
-Per shape: the pooled estimate (with the worker takeover rate by number of other live threads,
-``worker_takeovers_by_waiters``) and the median call time, with calls that saw a takeover
-included (what a probe costs under contention).
+Per shape: the pooled estimate (with the takeovers per second of hold by number of other live
+threads, ``holds_by_waiters``) and the median call time, with calls that saw a takeover included
+(what a probe costs under contention). (Files made before the hold model report
+``worker_takeovers_by_waiters``: the same split per second of each waiting thread.)
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(doc, f, indent=1)
         f.write("\n")
     for r in rows:
-        print(f"{r['threads']}x{r['probes_per_thread']}x{r['probe_tokens']}: worker "
-              f"{r['worker_takeover_per_s']:.1f}/s ({r['worker_takeovers']}), starter "
+        print(f"{r['threads']}x{r['probes_per_thread']}x{r['probe_tokens']}: takeovers "
+              f"{r['worker_takeover_per_s']:.1f}/s of hold ({r['worker_takeovers']}), waiter "
+              f"exponent {r['waiter_exponent']:+.2f}, starter "
               f"{r['starter_takeover_per_s'] or 0:.1f}/s ({r['starter_takeovers']}), "
               f"median call {r['median_call_us']:.0f} us")
     return 0

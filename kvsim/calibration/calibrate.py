@@ -33,7 +33,10 @@ def add_parser(sub) -> None:
     p.add_argument("--name", default=None, help="CPU preset name (default kvsim-python-<host>)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--gil-runs", type=int, default=6,
-                   help="runs of the GIL hand-over benchmark (0: skip it)")
+                   help="runs of the GIL hand-over benchmark per thread count (0: skip it)")
+    p.add_argument("--no-gil-fit", action="store_true",
+                   help="keep the GIL hand-over as estimated (skip the fit by simulation, "
+                        "a few minutes; tools/gil_fields_from_samples.py can do it later)")
     p.add_argument("--measure-copies", action="store_true",
                    help="GPU machine: run the copy benchmarks into --out first, then fit them")
     p.add_argument("--quick-copies", action="store_true",
@@ -75,17 +78,19 @@ def run(args: argparse.Namespace) -> int:
     say("lock acquire/release and executor per-call overhead")
     lock = host_overhead.lock_costs()
     overhead = host_overhead.executor_call_overhead()
-    gil = None
+    gil, gil_runs = None, {}
     if args.gil_runs > 0:
-        say(f"GIL hand-over: {args.gil_runs} runs of {gil_handover.BENCH_THREADS} threads x "
-            f"{gil_handover.BENCH_PROBES} probes")
-        gil_runs = gil_handover.measure(args.gil_runs, progress=say)
-        gil = gil_handover.estimate(gil_runs)
-        gil["benchmark"] = {"threads": gil_handover.BENCH_THREADS,
+        for n in gil_handover.BENCH_THREAD_COUNTS:
+            say(f"GIL hand-over: {args.gil_runs} runs of {n} threads x "
+                f"{gil_handover.BENCH_PROBES} probes")
+            gil_runs[n] = gil_handover.measure(args.gil_runs, threads=n, progress=say)
+        gil = gil_handover.estimate([r for runs in gil_runs.values() for r in runs])
+        gil["benchmark"] = {"thread_counts": list(gil_handover.BENCH_THREAD_COUNTS),
                             "probes_per_thread": gil_handover.BENCH_PROBES,
                             "probe_tokens": gil_handover.BENCH_PROBE_TOKENS,
-                            "runs": args.gil_runs, "warm_up_runs": 1}
-        gil["raw_runs"] = [{"calls": r.calls, "thread_starts": r.thread_starts} for r in gil_runs]
+                            "runs_per_thread_count": args.gil_runs, "warm_up_runs": 1}
+        gil["raw_runs"] = [{"threads": n, "calls": r.calls, "thread_starts": r.thread_starts}
+                           for n, runs in gil_runs.items() for r in runs]
     start_cost = gil_handover.thread_start_cost()
     samples_file = out / f"{name}-samples.json"
     rows = []
@@ -96,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                      "counts": c.counts, "samples_s": c.samples,
                      "first_call_in_thread_us": c.thread_seconds * 1e6,
                      "first_call_in_thread_samples_s": c.thread_samples})
-    samples_file.write_text(json.dumps({
+    samples = {
         "what": "Python manager call times for the CPU cost model (kvsim.calibration.cpu_fit)",
         "timing": f"perf_counter around one call on a fresh manager, median of {args.repeats}; "
                   "again as the first call of a new thread (first_call_in_thread_us)",
@@ -105,17 +110,36 @@ def run(args: argparse.Namespace) -> int:
                     "python": platform.python_version(), "platform": platform.platform()},
         "unit_costs_us": costs, "first_call_factor": factor, "cases": rows,
         "lock_acquire_release_us": lock, "executor_call_overhead_us": overhead,
-        "gil_handover": gil, "thread_start_us": start_cost}, indent=1) + "\n")
+        "gil_handover": gil, "thread_start_us": start_cost}
+    samples_file.write_text(json.dumps(samples, indent=1) + "\n")
     preset_file = out / f"{name}.json"
-    preset_file.write_text(json.dumps(cpu_fit.preset(costs, str(samples_file), name, overhead["us"],
-                                                     factor, gil, start_cost["us"]),
-                                      indent=1) + "\n")
+
+    def write_preset() -> None:
+        preset_file.write_text(json.dumps(cpu_fit.preset(
+            costs, str(samples_file), name, overhead["us"], factor, gil, start_cost["us"]),
+            indent=1) + "\n")
+
+    write_preset()
+    if gil is not None and gil.get("hold_quantiles_ms") and not args.no_gil_fit:
+        from kvsim.calibration import gil_fit
+        from kvsim.sim.cpu_cost import load_cpu_model
+
+        say("GIL hand-over: fitting the model to the benchmark's probe latencies")
+        result = gil_fit.fit(load_cpu_model(preset_file), gil_fit.estimated_handover(gil),
+                             gil_runs, progress=say)
+        gil["fit"] = gil_fit.summary(result)
+        write_preset()
+        samples_file.write_text(json.dumps(samples, indent=1) + "\n")
     judged = [abs(r["error_pct"]) for r in rows if r["role"] == "judge"]
     print(json.dumps({"preset": str(preset_file), "samples": str(samples_file), "unit_costs_us": costs,
                       "hardware": None if hardware_file is None else str(hardware_file),
                       "python_call_us": overhead["us"], "first_call_factor": factor,
                       "lock_us": {m: v["us"] for m, v in lock.items()},
-                      "gil_takeover_per_s": None if gil is None else gil["worker_takeover_per_s"],
+                      "gil_takeover_per_s_of_hold": (None if gil is None
+                                                     else gil["worker_takeover_per_s"]),
+                      "gil_fit": None if gil is None or "fit" not in gil else {
+                          k: gil["fit"][k] for k in ("hold_scale", "waiter_exponent",
+                                                     "recent_taker_share", "loss")},
                       "gil_starter_takeover_per_s": (None if gil is None
                                                      else gil["starter_takeover_per_s"]),
                       "thread_start_us": start_cost["us"],

@@ -245,24 +245,40 @@ def machine_label(node: str, processor: str, python: str) -> str:
 
 
 def gil_fields(gil: dict, source_file: str, machine: str) -> dict:
-    """The measured GIL hand-over rates; a rate nothing was seen of is left out (the simulator
-    then keeps CPython's switch-interval rule, or the workers' rate for the starter)."""
-    out = {}
-    for key, field_name, what in (
-            ("worker_takeover_per_s", "gil_takeover_per_s", "worker_takeovers"),
-            ("starter_takeover_per_s", "gil_starter_takeover_per_s", "starter_takeovers")):
-        rate, seen = gil.get(key), gil.get(what, 0)
-        if seen and rate:
-            lo, hi = gil[key.replace("_per_s", "_interval_per_s")]
-            out[field_name] = {"value": round(rate, 2),
-                               "source": f"{source_file}: kvsim.calibration.gil_handover {machine}; "
-                                         f"{seen} {what.replace('_', ' ')} in the benchmark's "
-                                         f"runs, 90 % interval [{lo:.1f}, {hi:.1f}] per s"}
-    if gil.get("worker_delay_quantiles_ms"):
-        out["gil_takeover_delay_ms"] = {
-            "value": {"probs": gil["worker_delay_probs"],
-                      "quantiles_ms": [round(q, 3) for q in gil["worker_delay_quantiles_ms"]]},
-            "source": f"{source_file}: kvsim.calibration.gil_handover {machine}; Kaplan-Meier "
-                      f"estimate over {gil['worker_waits']} waits of threads that lost the GIL "
-                      f"mid-call ({gil['worker_waits_taken_over']} ended by their own takeover)"}
+    """The measured GIL hand-over (:class:`kvsim.sim.gil.Handover`) from ``gil``: an estimate of
+    :func:`kvsim.calibration.gil_handover.estimate` with, under "fit", what
+    :func:`kvsim.calibration.gil_fit.fit` made of it. Without holds to estimate from, nothing
+    (the simulator then keeps CPython's switch-interval rule)."""
+    if not gil.get("hold_quantiles_ms"):
+        return {}
+    where = f"{source_file}: kvsim.calibration.gil_handover {machine}"
+    fitted = gil.get("fit")
+    scale = fitted["hold_scale"] if fitted else 1.0
+    fit_note = (f"; x {scale:.4g}, fitted by kvsim.calibration.gil_fit to the benchmark's probe "
+                f"latencies (loss {fitted['loss']:.4f})" if fitted else "; not fitted")
+    out = {
+        "gil_hold_ms": {
+            "value": {"probs": gil["hold_probs"],
+                      "quantiles_ms": [round(q * scale, 4) for q in gil["hold_quantiles_ms"]]},
+            "source": f"{where}; Kaplan-Meier estimate over {gil['holds']} holds "
+                      f"({gil['worker_takeovers']} ended by a takeover) scaled to one waiter"
+                      f"{fit_note}"},
+        "gil_hold_waiter_exponent": {
+            "value": fitted["waiter_exponent"] if fitted else gil["waiter_exponent"],
+            "source": (f"{source_file}: kvsim.calibration.gil_fit {machine}; fitted with the hold "
+                       f"scale (the estimate, by profile maximum likelihood over the same holds: "
+                       f"{gil['waiter_exponent']:+.2f})" if fitted else
+                       f"{where}; profile maximum likelihood over the same holds")},
+        "gil_recent_taker_share": {
+            "value": fitted["recent_taker_share"] if fitted else 0.0,
+            "source": (f"{source_file}: kvsim.calibration.gil_fit {machine}; fitted with the "
+                       "hold scale" if fitted else "not fitted: a waiter picked at random")},
+    }
+    rate, seen = gil.get("starter_takeover_per_s"), gil.get("starter_takeovers", 0)
+    if seen and rate:
+        lo, hi = gil["starter_takeover_interval_per_s"]
+        out["gil_starter_takeover_per_s"] = {
+            "value": round(rate, 2),
+            "source": f"{where}; {seen} starter takeovers in the benchmark's runs, 90 % interval "
+                      f"[{lo:.1f}, {hi:.1f}] per s"}
     return out

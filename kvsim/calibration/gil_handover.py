@@ -5,8 +5,8 @@ without any switch. A holder that briefly drops the GIL on its own (numpy loops 
 500 elements do, and a probe runs several) wakes one waiter each time and takes the GIL straight
 back; the woken waiter restarts its interval, so that request rarely comes. Who gets the GIL is
 then decided by races the operating system settles, and the only honest model is a measured one
-(:class:`kvsim.sim.gil.Gil` with ``takeover_per_s``): each waiting thread takes the GIL from a
-holder running Python at a constant rate, and the thread that starts the others at its own rate.
+(:class:`kvsim.sim.gil.Handover`): how long a holder keeps the GIL while workers wait, how that
+depends on how many wait, and who takes it over.
 
 **The benchmark** (:func:`measure`): the hardware executor (real threads, the real lock, no
 copier) runs ``threads`` threads of back-to-back ``probe_reuse`` calls on a manager filled with
@@ -17,18 +17,25 @@ hardware run, and records when it called ``Thread.start()`` and when each thread
 
 * *starter*: after thread k first runs, the main thread (woken from ``Thread.start()``) waits
   for the GIL to start thread k+1: ``wait = start_called[k+1] - began[k]``. A wait ends by a
-  takeover, or because the holder finished (then it was cut short). Rate: takeovers over the
-  sum of the waits (maximum likelihood for exponential waits, cut-short ones included).
-* *workers*: a probe holds the GIL from start to end (the records show no gap between a
-  thread's calls: no thread loses the GIL outside a call), so completions in time order, grouped
-  into runs of one thread, are the GIL's holds. A hold that ends while its thread still has calls
-  to make, with no ``Thread.start()`` in between, was taken over by a worker. Exposure: each
-  hold's length times the number of other threads started (a new thread waits for the GIL from
-  ``Thread.start()`` on) and not yet finished. Rate:
-  takeovers over exposure.
+  takeover, or because the holder finished (then it was cut short). It races like one more
+  waiter (below): rate, for one worker waiting, takeovers over the sum of ``wait * n ** g``
+  (maximum likelihood for exponential waits, cut-short ones included).
+* *holds*: a probe holds the GIL from start to end (the records show no gap between a thread's
+  calls: no thread loses the GIL outside a call), so completions in time order, grouped into
+  runs of one thread, are the GIL's holds. A hold is timed from its first completion to the
+  next hold's first completion (both lie one part-call after the hand-over, so the offsets
+  cancel on average), from when another worker was started if that came later. It ended by a
+  worker's takeover if its thread still had calls to make and no ``Thread.start()`` came in
+  between; else it was cut short (censored). ``n``: the other workers started and not finished.
+* *waiter exponent* ``g``: the takeover hazard taken as ``rate * n ** g``; ``g`` maximises the
+  profile likelihood of exponential holds over the holds (0: one race at a time, whoever waits;
+  1: each waiter races on its own).
+* *hold distribution*: the Kaplan-Meier estimate over the holds scaled to one waiter
+  (``length * n ** g``), censoring included.
 
-Both come with a 90 % interval (Poisson counts). The same estimator applied to the simulator's
-records of the same benchmark checks the model end to end (``tests/test_gil_handover.py``).
+Call records only show hand-overs that complete a call, so quick back-and-forth hand-overs are
+missed and these estimates are biased; :mod:`kvsim.calibration.gil_fit` corrects the hold
+distribution's scale and fits who takes the GIL over by simulating this same benchmark.
 """
 
 from __future__ import annotations
@@ -49,13 +56,16 @@ from kvsim.workloads.concurrent_probe import prober
 from kvsim.workloads.steps import Step
 
 # The benchmark's shape: the probe is the CPU model's 4096-token fit probe, on the CPU fit's
-# one-pool manager; the validation scenario it is judged on differs (8 threads, two 8 KiB x2 pool
-# groups with a sliding window, a resize holding the lock meanwhile). The rates depend on the
-# call: 2048-token probes were taken over ~4x as often per second (tools/gil_handover_shapes.py).
+# one-pool manager, run with 4 and with 12 threads (two thread counts tell how the hand-over
+# depends on how many wait); the validation scenario it is judged on differs (8 probe threads
+# and a resize holding the lock, two 8 KiB x2 pool groups with a sliding window). The rates
+# depend on the call: 2048-token probes were taken over ~4x as often per second
+# (tools/gil_handover_shapes.py).
 BENCH_THREADS = 6
+BENCH_THREAD_COUNTS = (4, 12)
 BENCH_PROBES = 400
 BENCH_PROBE_TOKENS = 4096
-# Where the takeover-delay distribution is tabulated (the simulator interpolates between).
+# Where the hold distribution is tabulated (the simulator interpolates between).
 DELAY_PROBS = np.array([0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95,
                         0.98, 0.99, 1.0])
 
@@ -96,13 +106,27 @@ def run_of(calls, thread_starts: dict[str, list[float]]) -> HandoverRun:
                        {t: (v[0], v[1]) for t, v in thread_starts.items() if len(v) > 1})
 
 
+def runs_from_json(raw: list[dict]) -> dict[int, list[HandoverRun]]:
+    """Raw benchmark runs as kept in calibration samples or written by tools/gil_bench_runs.py
+    (``{"threads", "calls", "thread_starts"}``; without "threads": the thread count started),
+    by thread count."""
+    out: dict[int, list[HandoverRun]] = {}
+    for r in raw:
+        starts = {t: (v[0], v[1]) for t, v in r["thread_starts"].items()}
+        out.setdefault(int(r.get("threads", len(starts))), []).append(
+            HandoverRun([(c[0], c[1], c[2]) for c in r["calls"]], starts))
+    return dict(sorted(out.items()))
+
+
 def measure(runs: int = 3, threads: int = BENCH_THREADS, probes: int = BENCH_PROBES,
-            probe_tokens: int = BENCH_PROBE_TOKENS, progress=None) -> list[HandoverRun]:
-    """``runs`` hardware-executor runs of the benchmark (no GPU needed), after one warm-up run."""
+            probe_tokens: int = BENCH_PROBE_TOKENS, progress=None,
+            warm_up: bool = True) -> list[HandoverRun]:
+    """``runs`` hardware-executor runs of the benchmark (no GPU needed), after one warm-up run
+    (``warm_up=False``: none, for a process that has warmed up already)."""
     from hw.executor import HwExecutor, HwOptions, NullCopier
 
     out = []
-    for i in range(runs + 1):
+    for i in range(0 if warm_up else 1, runs + 1):
         manager, fillers = bench_manager()
         run = HwExecutor(manager, NullCopier(), HwOptions(lock_policy="writer")).run(
             bench_threads(manager, fillers, threads, probes, probe_tokens))
@@ -158,7 +182,7 @@ def _started_between(called: list[float], lo: float, hi: float) -> bool:
 
 
 def estimate_one(run: HandoverRun) -> dict:
-    """Counts and exposures of one run (see the module docstring)."""
+    """The starter's waits and the holds of one run (see the module docstring)."""
     last_end: dict[str, float] = {}
     for thread, _s, end in run.calls:
         last_end[thread] = max(end, last_end.get(thread, end))
@@ -174,59 +198,31 @@ def estimate_one(run: HandoverRun) -> dict:
 
     starts = sorted(run.thread_starts.items(), key=lambda kv: kv[1][0])
     waits, starter_takeovers = [], 0
-    for (_t, (_c, began)), (_n, (called_next, _b)) in zip(starts, starts[1:]):
-        waits.append(max(0.0, called_next - began))
+    for k, ((_t, (_c, began)), (_n, (called_next, _b))) in enumerate(zip(starts, starts[1:])):
+        # The workers waiting meanwhile: those started and not finished, but for the holder.
+        live = sum(1 for t, _v in starts[:k + 1] if last_end.get(t, -1.0) > began)
+        waits.append((max(0.0, called_next - began), max(live - 1, 1)))
         # A wait that ended because the holder finished was cut short, not taken over.
         starter_takeovers += not holder_ended_before(called_next)
     called = sorted(v[0] for v in run.thread_starts.values())
     # A started thread waits for the GIL from Thread.start() on.
     alive_from = {t: v[0] for t, v in run.thread_starts.items()}
-    # Takeovers and waiter exposure, split by how many other threads were live during the hold
-    # (the rate need not be one per waiter: tools/gil_handover_shapes.py reports the split).
-    by_waiters: dict[int, list] = {}
-    for i, (thread, frm, to, _first) in enumerate(holds):
-        others = [max(0.0, to - max(frm, a)) for t, a in alive_from.items()
-                  if t != thread and last_end.get(t, -1.0) > to]
-        row = by_waiters.setdefault(len(others), [0, 0.0])
-        row[1] += sum(others)
-        if i + 1 == len(holds) or last_end[thread] <= to:
-            continue  # the thread ended: it let go
-        if not _started_between(called, to, holds[i + 1][3]):  # else the starter took it
-            row[0] += 1
-    return {"starter_waits_s": waits, "starter_takeovers": starter_takeovers,
-            "worker_takeovers": sum(n for n, _t in by_waiters.values()),
-            "worker_exposure_s": sum(t for _n, t in by_waiters.values()), "holds": len(holds),
-            "worker_waits": _worker_waits(holds, last_end, called), "by_waiters": by_waiters}
-
-
-def _worker_waits(holds, last_end: dict[str, float],
-                  called: list[float]) -> list[tuple[float, bool]]:
-    """(seconds, taken over) for each time a worker lost the GIL mid-way and later got it back.
-
-    The wait runs from the end of the thread's hold to the end of the hold before its next one.
-    It ended by the thread's own takeover unless the hold before its return ended because that
-    thread finished, or the starter ran in between (both hand the GIL to a waiter at random):
-    then it was cut short (censored)."""
-    out = []
-    nxt: dict[str, int] = {}
-    for i in range(len(holds) - 1, -1, -1):  # index of each hold's thread's next hold
-        thread = holds[i][0]
-        holds_next = nxt.get(thread)
-        nxt[thread] = i
-        if holds_next is None or last_end[thread] <= holds[i][2]:
+    hold_rows = []  # (seconds, other workers live, taken over by a worker)
+    for (thread, _frm, to, first), nxt in zip(holds, holds[1:]):
+        others = [a for t, a in alive_from.items() if t != thread and last_end.get(t, -1.0) > to]
+        begin = max([first, min(others)]) if others else None
+        if begin is None or begin >= nxt[3]:
             continue
-        before = holds[holds_next - 1]
-        wait = before[2] - holds[i][2]
-        cut = last_end[before[0]] <= before[2] or \
-            _started_between(called, before[2], holds[holds_next][3])
-        out.append((wait, not cut))
-    return out
+        taken = last_end[thread] > to and not _started_between(called, to, nxt[3])
+        hold_rows.append((nxt[3] - begin, len(others), taken))
+    return {"starter_waits_s": waits, "starter_takeovers": starter_takeovers,
+            "holds": hold_rows}
 
 
-def delay_quantiles(waits: list[tuple[float, bool]], probs: np.ndarray) -> list[float] | None:
-    """Quantiles of the takeover delay from (wait, taken over) pairs: the Kaplan-Meier estimate
-    (cut-short waits only tell that the delay was longer). Quantiles past the estimate's reach
-    (the longest waits cut short) take the longest wait seen."""
+def km_quantiles(waits: list[tuple[float, bool]], probs: np.ndarray) -> list[float] | None:
+    """Quantiles of a duration from (seconds, ended by the event) pairs: the Kaplan-Meier estimate
+    (cut-short ones only tell that it was longer). Quantiles past the estimate's reach
+    (the longest ones cut short) take the longest seen."""
     events = sorted(waits)
     if not any(e for _w, e in events):
         return None
@@ -245,42 +241,62 @@ def delay_quantiles(waits: list[tuple[float, bool]], probs: np.ndarray) -> list[
     return out
 
 
+EXPONENT_GRID = np.round(np.arange(-1.0, 2.0001, 0.05), 2)  # where waiter_exponent looks
+
+
+def waiter_exponent(holds: list[tuple[float, int, bool]],
+                    grid: np.ndarray = EXPONENT_GRID) -> float:
+    """``g`` maximising the profile log-likelihood of exponential holds with hazard
+    ``rate * n ** g`` over (seconds, n, taken over) rows, g from -1 to 2; 0 without takeovers."""
+    t = np.array([h[0] for h in holds])
+    n = np.array([h[1] for h in holds], dtype=float)
+    d = np.array([h[2] for h in holds], dtype=float)
+    if not d.sum():
+        return 0.0
+    best, best_ll = 0.0, -math.inf
+    for g in grid:
+        exposure = float(np.sum(t * n ** g))
+        ll = d.sum() * math.log(d.sum() / exposure) + g * float(np.sum(d * np.log(n))) - d.sum()
+        if ll > best_ll + 1e-12:
+            best, best_ll = float(g), ll
+    return best
+
+
 def estimate(runs: list[HandoverRun]) -> dict:
-    """Pooled rates over ``runs``, with per-run figures and 90 % intervals."""
+    """Pooled estimates over ``runs``, with per-run figures and 90 % intervals."""
     per_run = [estimate_one(r) for r in runs]
-    waits = [w for r in per_run for w in r["starter_waits_s"]]
     starter = sum(r["starter_takeovers"] for r in per_run)
-    takeovers = sum(r["worker_takeovers"] for r in per_run)
-    exposure = sum(r["worker_exposure_s"] for r in per_run)
-    worker_waits = [w for r in per_run for w in r["worker_waits"]]
+    holds = [h for r in per_run for h in r["holds"]]
+    g = waiter_exponent(holds)
+    # The starter races like one more waiter: its rate is given for one worker waiting.
+    starter_exposure = sum(w * n ** g for r in per_run for w, n in r["starter_waits_s"])
+    quantiles = km_quantiles([(t * n ** g, taken) for t, n, taken in holds], DELAY_PROBS)
     by_waiters: dict[int, list] = {}
-    for r in per_run:
-        for w, (n, t) in r["by_waiters"].items():
-            row = by_waiters.setdefault(w, [0, 0.0])
-            row[0] += n
-            row[1] += t
-    quantiles = delay_quantiles(worker_waits, DELAY_PROBS)
+    for t, n, taken in holds:
+        row = by_waiters.setdefault(n, [0, 0.0])
+        row[0] += taken
+        row[1] += t
+    takeovers = sum(1 for h in holds if h[2])
+    hold_s = sum(h[0] for h in holds)
     return {
-        "worker_delay_probs": DELAY_PROBS.tolist(),
-        "worker_delay_quantiles_ms": None if quantiles is None else [q * 1e3 for q in quantiles],
-        "worker_waits": len(worker_waits),
-        "worker_takeovers_by_waiters": {
-            w: {"takeovers": n, "exposure_s": t, "per_s": n / t if t else None}
-            for w, (n, t) in sorted(by_waiters.items())},
-        "worker_waits_taken_over": sum(1 for _w, e in worker_waits if e),
-        "worker_takeover_per_s": takeovers / exposure if exposure else None,
-        "worker_takeover_interval_per_s": _poisson_interval(takeovers, exposure),
-        "worker_takeovers": takeovers, "worker_exposure_s": exposure,
-        "starter_takeover_per_s": starter / sum(waits) if sum(waits) > 0 else None,
-        "starter_takeover_interval_per_s": _poisson_interval(starter, sum(waits)),
+        "hold_probs": DELAY_PROBS.tolist(),
+        "hold_quantiles_ms": None if quantiles is None else [q * 1e3 for q in quantiles],
+        "waiter_exponent": g,
+        "holds": len(holds), "worker_takeovers": takeovers, "hold_s": hold_s,
+        "worker_takeover_per_s": takeovers / hold_s if hold_s else None,
+        "worker_takeover_interval_per_s": _poisson_interval(takeovers, hold_s),
+        "holds_by_waiters": {
+            n: {"takeovers": k, "hold_s": t, "per_s": k / t if t else None}
+            for n, (k, t) in sorted(by_waiters.items())},
+        "starter_takeover_per_s": starter / starter_exposure if starter_exposure > 0 else None,
+        "starter_takeover_interval_per_s": _poisson_interval(starter, starter_exposure),
         "starter_takeovers": starter,
-        "starter_waits_ms": [w * 1e3 for w in waits],
-        "per_run": [{"worker_takeovers": r["worker_takeovers"],
-                     "worker_exposure_s": r["worker_exposure_s"],
-                     "worker_takeover_per_s": (r["worker_takeovers"] / r["worker_exposure_s"]
-                                               if r["worker_exposure_s"] else None),
-                     "holds": r["holds"], "starter_takeovers": r["starter_takeovers"],
-                     "starter_waits_ms": [w * 1e3 for w in r["starter_waits_s"]]} for r in per_run],
+        "starter_waits_ms": [w * 1e3 for r in per_run for w, _n in r["starter_waits_s"]],
+        "per_run": [{"holds": len(r["holds"]),
+                     "worker_takeovers": sum(1 for h in r["holds"] if h[2]),
+                     "starter_takeovers": r["starter_takeovers"],
+                     "starter_waits_ms": [w * 1e3 for w, _n in r["starter_waits_s"]]}
+                    for r in per_run],
     }
 
 

@@ -267,6 +267,8 @@ def run(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for d in dirs:
         dst = out / "measured" / d.name
+        if dst.resolve() == d.resolve():
+            continue  # validated where it lies already
         if dst.exists():
             shutil.rmtree(dst)
         shutil.copytree(d, dst)

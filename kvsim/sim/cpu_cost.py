@@ -18,6 +18,7 @@ from pathlib import Path
 from kvsim.errors import ConfigError
 from kvsim.hardware.spec import load_preset_json
 from kvsim.manager.plan import WorkCounts
+from kvsim.sim.gil import Handover
 
 CPU_PRESET_DIR = Path(__file__).resolve().parents[1] / "hardware" / "cpu"
 UNITS = tuple(f.name for f in fields(WorkCounts))
@@ -44,13 +45,9 @@ class CpuCostModel:
     # Host work of a workload thread's first call runs this many times slower (a thread that has
     # just started: fresh malloc arena, another core's caches); 1.0 where not measured.
     first_call_factor: float = 1.0
-    # Measured GIL hand-over (kvsim.sim.gil): the rate at which one waiting thread takes the GIL
-    # from a holder running Python; 0: CPython's switch-interval rule alone.
-    gil_takeover_per_s: float = 0.0
-    gil_starter_takeover_per_s: float = 0.0  # the same for the thread starting the others
-    # Measured distribution of a waiter's delay until it takes the GIL over: (probabilities,
-    # delays in seconds); None: exponential at gil_takeover_per_s.
-    gil_takeover_delay: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    # Measured GIL hand-over (kvsim.sim.gil.Handover, from kvsim calibrate); None: CPython's
+    # switch-interval rule alone.
+    gil_handover: Handover | None = None
     # Host time of threading.Thread.start() on the thread that starts the workload threads. With
     # a Python manager and a value > 0 the simulator starts the threads as the hardware executor
     # does: one at a time, from a main thread that needs the GIL for each; 0: all at time 0.
@@ -78,13 +75,14 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
     path, data = load_preset_json(name_or_path, CPU_PRESET_DIR, "CPU cost")
     sources: dict[str, str] = {}
 
-    def value(key: str, entry: object) -> float:
+    def value(key: str, entry: object, signed: bool = False) -> float:
         if not isinstance(entry, dict) or set(entry) != {"value", "source"}:
             raise ConfigError(f"{path}: {key}: write {{\"value\": ..., \"source\": \"...\"}}")
         sources[key] = str(entry["source"])
         v = entry["value"]
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise ConfigError(f"{path}: {key}: must be a number >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (v < 0 and not signed):
+            raise ConfigError(f"{path}: {key}: must be a number{'' if signed else ' >= 0'}, "
+                              f"got {v!r}")
         return float(v)
 
     def optional(key: str, default: float) -> float:
@@ -105,20 +103,20 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
         includes_copy_submission=bool(data.get("includes_copy_submission", False)),
         holds_gil=bool(data.get("holds_gil", False)),
         first_call_factor=optional("first_call_factor", 1.0),
-        gil_takeover_per_s=optional("gil_takeover_per_s", 0.0),
-        gil_starter_takeover_per_s=optional("gil_starter_takeover_per_s", 0.0),
-        gil_takeover_delay=_delay_table(path, data, sources),
+        gil_handover=_handover(path, data, value),
         thread_start_us=optional("thread_start_us", 0.0),
         sources=sources,
     )
 
 
-def _delay_table(path: Path, data: dict, sources: dict[str, str]):
-    """``gil_takeover_delay_ms``: {"value": {"probs": [...], "quantiles_ms": [...]}, "source"}."""
-    entry = data.get("gil_takeover_delay_ms")
+def _handover(path: Path, data: dict, value) -> Handover | None:
+    """The measured GIL hand-over: ``gil_hold_ms`` ({"value": {"probs": [...], "quantiles_ms":
+    [...]}, "source"}) with ``gil_hold_waiter_exponent``, ``gil_recent_taker_share`` (0 to 1) and
+    ``gil_starter_takeover_per_s``, each {"value", "source"}; absent: None."""
+    key = "gil_hold_ms"
+    entry = data.get(key)
     if entry is None:
         return None
-    key = "gil_takeover_delay_ms"
     if not isinstance(entry, dict) or set(entry) != {"value", "source"} \
             or not isinstance(entry["value"], dict):
         raise ConfigError(f"{path}: {key}: write {{\"value\": {{\"probs\": [...], "
@@ -131,5 +129,15 @@ def _delay_table(path: Path, data: dict, sources: dict[str, str]):
             or quantiles[0] < 0 or any(b < a for a, b in zip(quantiles, quantiles[1:])):
         raise ConfigError(f"{path}: {key}: probs must rise from 0 to 1 and quantiles_ms (as many, "
                           ">= 0) must not fall")
-    sources[key] = str(entry["source"])
-    return (tuple(float(p) for p in probs), tuple(float(q) * 1e-3 for q in quantiles))
+    value(key, {"value": 0, "source": entry["source"]})  # records the source
+
+    def optional(name: str, signed: bool = False) -> float:
+        return value(name, data[name], signed) if name in data else 0.0
+
+    share = optional("gil_recent_taker_share")
+    if share > 1:
+        raise ConfigError(f"{path}: gil_recent_taker_share: a share, 0 to 1, got {share!r}")
+    return Handover(hold=(tuple(float(p) for p in probs), tuple(float(q) * 1e-3 for q in quantiles)),
+                    waiter_exponent=optional("gil_hold_waiter_exponent", signed=True),
+                    recent_taker_share=share,
+                    starter_takeover_per_s=optional("gil_starter_takeover_per_s"))

@@ -75,7 +75,7 @@ class SimOptions:
     schedule_seed: int | None = None
     jitter: float = 0.1
     jitter_s: float = 1e-6
-    gil_seed: int = 0  # the measured GIL hand-over's random draws (the CPU preset's takeover rate)
+    gil_seed: int = 0  # the random draws of the measured GIL hand-over (the CPU preset's)
 
 
 @dataclass
@@ -107,9 +107,7 @@ class SimExecutor:
         # A Python manager runs on hw.rwlock's condition-variable lock: woken waiters re-test.
         self.lock = ReentrantSharedMutex(self.env, opt.lock_policy, recheck=cpu.holds_gil)
         self.gil = Gil(self.env, cpu.gil_switch_interval_us * 1e-6,
-                       cpu.gil_takeover_per_s if cpu.holds_gil else 0.0, opt.gil_seed,
-                       MAIN_THREAD, cpu.gil_starter_takeover_per_s,
-                       cpu.gil_takeover_delay if cpu.holds_gil else None)
+                       cpu.gil_handover if cpu.holds_gil else None, opt.gil_seed, MAIN_THREAD)
         self.link = Link(self.env, hardware)
         path = hardware.default_path() if opt.copy_path == "auto" else opt.copy_path
         self.stream = CopyStream(self.env, "migration", self.link, hardware,

@@ -14,47 +14,58 @@ waiter and the holder queues behind it.
 That is the interpreter's rule, and it is what happens when a holder never lets go on its own.
 A holder that briefly releases the GIL (a numpy loop over more than 500 elements, a C call that
 drops it) signals one waiter each time and takes the GIL straight back; the waiter it woke
-usually loses that race, and starts a fresh interval, so the drop request may never come. What
-decides hand-overs then is how often a woken waiter wins the race, which is the machine's, not
-the interpreter's. The measured form (``takeover_per_s`` > 0, from ``kvsim calibrate``): each
-waiter takes the GIL from a holder running Python at that rate, independently (exponential
-waits), and a holder that blocks hands the GIL to a waiter picked at random. Measured waits are
-far more spread than exponential ones (on the H200 host: median ~10 ms, a tenth over ~150 ms), so
-where the calibration gives their distribution (``takeover_delay``: quantiles), each waiter's
-delay is drawn from it instead. With neither, the switch-interval rule above applies.
+usually loses that race and starts a fresh interval, so the drop request may never come. What
+decides hand-overs then is how often a woken waiter wins a race, which is the machine's, not the
+interpreter's: the measured form (:class:`Handover`, from ``kvsim calibrate``). There a holder
+running Python while workers wait keeps the GIL for a time drawn from the measured hold
+distribution, shortened by ``n ** -waiter_exponent`` with ``n`` workers waiting (measured on the
+H200 host: negative, the more wait the longer a holder keeps it); then a waiter takes it over:
+the one that started waiting last with probability ``recent_taker_share``, else one picked at
+random. The thread that starts the others takes the GIL over at its own rate (it waits in a
+different place, :mod:`kvsim.calibration.gil_handover`), for one worker waiting, times
+``n ** waiter_exponent`` as well. A holder that blocks hands the GIL to a waiter
+picked at random.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 
+@dataclass(frozen=True)
+class Handover:
+    """A measured GIL hand-over (see the module docstring).
+
+    ``hold``: (probabilities rising from 0 to 1, seconds not falling): quantiles of how long a
+    holder running Python keeps the GIL while one worker waits, counted from when it got the GIL
+    (or the first worker began to wait). ``starter_takeover_per_s``: the rate at which the thread
+    starting the others takes the GIL over (exponential waits) while one worker waits."""
+
+    hold: tuple[tuple[float, ...], tuple[float, ...]]
+    waiter_exponent: float = 0.0
+    recent_taker_share: float = 0.0
+    starter_takeover_per_s: float = 0.0
+
+
 class Gil:
-    """``takeover_per_s`` > 0 selects the measured hand-over; ``starter`` names the thread that
-    starts the others, which takes the GIL over at its own rate ``starter_takeover_per_s``
-    (measured apart: it waits in a different place, see :mod:`kvsim.calibration.gil_handover`).
-    ``seed`` makes the random draws repeatable."""
+    """``handover`` selects the measured hand-over, else CPython's switch-interval rule;
+    ``starter`` names the thread that starts the others; ``seed`` makes the random draws
+    repeatable."""
 
     def __init__(self, env: simpy.Environment, switch_interval_s: float = 0.005,
-                 takeover_per_s: float = 0.0, seed: int = 0, starter: str | None = None,
-                 starter_takeover_per_s: float = 0.0,
-                 takeover_delay: tuple[tuple[float, ...], tuple[float, ...]] | None = None) -> None:
-        """``takeover_delay``: (probabilities, delays in seconds), increasing, from 0 to 1."""
+                 handover: Handover | None = None, seed: int = 0,
+                 starter: str | None = None) -> None:
         self.env = env
         self.switch_interval_s = switch_interval_s
-        self.takeover_delay = takeover_delay
-        if takeover_delay is not None and takeover_per_s <= 0:  # the rate: one over the mean
-            probs, delays = (np.asarray(v, dtype=float) for v in takeover_delay)
-            mean = float(np.sum(np.diff(probs) * (delays[1:] + delays[:-1]) / 2))
-            takeover_per_s = 1.0 / max(mean, 1e-12)
-        self.takeover_per_s = takeover_per_s
+        self.handover = handover
         self.starter = starter
-        self.starter_takeover_per_s = starter_takeover_per_s or takeover_per_s
-        self._rng = np.random.default_rng(seed) if takeover_per_s > 0 else None
+        self._rng = np.random.default_rng(seed) if handover is not None else None
         self._taker: str | None = None  # the waiter a takeover hands the GIL to
+        self._hold_timed = -1  # the grant (acquisitions count) whose hold timer runs
         self.takeovers = 0
         self.owner: str | None = None
         self.depth = 0
@@ -70,10 +81,15 @@ class Gil:
     def holds(self, thread: str) -> bool:
         return self.owner == thread
 
+    def _workers_waiting(self) -> list[str]:
+        return [t for t, _ in self._waiting if t != self.starter]
+
     def _grant(self, thread: str) -> None:
         self.owner, self.depth = thread, 1
         self.acquisitions += 1
         self.drop_requested = self.env.event()
+        if self.handover is not None and self._workers_waiting():
+            self._arm_hold()
 
     def acquire(self, thread: str) -> simpy.Event:
         event = self.env.event()
@@ -87,30 +103,60 @@ class Gil:
         event.callbacks.append(
             lambda _e: self.wait_s.__setitem__(thread, self.wait_s.get(thread, 0.0) + self.env.now - start))
         self._waiting.append((thread, event))
-        if self._rng is not None:
-            self._arm_takeover(thread, event)
-        else:
+        if self.handover is None:
             self._arm_timer(event, self.acquisitions)
+        elif thread == self.starter:
+            self._arm_starter(event)
+        elif self._hold_timed != self.acquisitions:
+            self._arm_hold()
         return event
 
-    def _arm_takeover(self, thread: str, waiter: simpy.Event) -> None:
-        if thread == self.starter:
-            delay = self._rng.exponential(1.0 / self.starter_takeover_per_s)
-        elif self.takeover_delay is not None:
-            delay = float(np.interp(self._rng.random(), *self.takeover_delay))
-        else:
-            delay = self._rng.exponential(1.0 / self.takeover_per_s)
-        timer = self.env.timeout(delay)
+    def _arm_hold(self) -> None:
+        """Time the current holder's hold: a draw from the measured table, for the workers
+        waiting once this instant is over (a holder just taken over queues again at once)."""
+        grant = self._hold_timed = self.acquisitions
+        self.env.timeout(0).callbacks.append(lambda _e: self._time_hold(grant))
+
+    def _time_hold(self, grant: int) -> None:
+        if self.acquisitions != grant or self.owner is None:
+            return  # handed over meanwhile
+        h = self.handover
+        n = max(len(self._workers_waiting()), 1)
+        hold = float(np.interp(self._rng.random(), *h.hold)) * n ** -h.waiter_exponent
+        timer = self.env.timeout(hold)
+
+        def fire(_e: simpy.Event) -> None:
+            if self.acquisitions != grant or self.owner is None or self.drop_requested.triggered:
+                return  # handed over meanwhile, or already asked
+            workers = self._workers_waiting()
+            if not workers:
+                self._hold_timed = -1  # the next worker to wait starts a fresh hold
+                return
+            if self._rng.random() < h.recent_taker_share:
+                self._taker = workers[-1]
+            else:
+                self._taker = workers[int(self._rng.integers(len(workers)))]
+            self.takeovers += 1
+            self.drop_requested.succeed()
+
+        timer.callbacks.append(fire)
+
+    def _arm_starter(self, waiter: simpy.Event) -> None:
+        h = self.handover
+        rate = h.starter_takeover_per_s * max(len(self._workers_waiting()), 1) ** h.waiter_exponent
+        if rate <= 0:
+            return  # not measured: the starter gets the GIL when a holder blocks or finishes
+        timer = self.env.timeout(self._rng.exponential(1.0 / rate))
 
         def fire(_e: simpy.Event) -> None:
             if waiter.triggered:
                 return
             if self.owner is not None and not self.drop_requested.triggered:
-                self._taker = thread
+                self._taker = self.starter
                 self.takeovers += 1
                 self.drop_requested.succeed()
             else:  # free (a hand-over is under way) or already asked: the race starts again
-                self._arm_takeover(thread, waiter)
+                self._arm_starter(waiter)
 
         timer.callbacks.append(fire)
 

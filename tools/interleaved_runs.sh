@@ -18,7 +18,7 @@ say() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
 mkdir -p "$out/v"
 if [[ "${4:-}" == calibrate ]]; then
   say "calibrate"
-  python3 -m kvsim calibrate --out "$out/calib" --repeats 15 --gil-runs 2 --name kvsim-python-h200host --quiet
+  python3 -m kvsim calibrate --out "$out/calib" --repeats 15 --gil-runs 2 --no-gil-fit --name kvsim-python-h200host --quiet
 fi
 for i in $(seq "$first" "$last"); do
   python3 -m kvsim run scenarios/validation/h200_probe_during_resize.yaml --out "$out/full/probe$i" --quiet

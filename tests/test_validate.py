@@ -56,3 +56,25 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     assert fields["thread_start_us"]["value"] > 0
     assert fields["gil_recent_taker_share"] == {"value": 0.0, "source": "not fitted: a waiter "
                                                                       "picked at random"}
+
+
+def test_calibrate_fits_the_gil_hand_over_by_simulating_its_benchmark(tmp_path, monkeypatch):
+    """Without --no-gil-fit the preset carries the fitted hand-over and the samples the fit (the
+    grid narrowed to one point and few probes here: the search itself is tested apart)."""
+    import json
+
+    from kvsim.calibration import gil_fit
+    from kvsim.cli import main
+    from kvsim.sim.cpu_cost import load_cpu_model
+
+    monkeypatch.setattr(gil_fit, "GRID_SHARES", (0.3,))
+    monkeypatch.setattr(gil_fit, "GRID_EXPONENTS", (-0.5,))
+    monkeypatch.setattr(gil_fit, "GRID_SCALES", (0.8,))
+    monkeypatch.setattr(gil_fit, "SIM_PROBES", 400)
+    assert main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet",
+                 "--gil-runs", "1", "--name", "fitted"]) == 0
+    fit = json.loads((tmp_path / "fitted-samples.json").read_text())["gil_handover"]["fit"]
+    assert (fit["recent_taker_share"], fit["waiter_exponent"], fit["hold_scale"]) == (0.3, -0.5, 0.8)
+    assert sorted(fit["measured"]) == ["12", "4"] and len(fit["evaluations"]) == 1
+    handover = load_cpu_model(tmp_path / "fitted.json").gil_handover
+    assert (handover.recent_taker_share, handover.waiter_exponent) == (0.3, -0.5)

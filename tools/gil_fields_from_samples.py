@@ -6,7 +6,8 @@ tools/interleaved_runs.sh makes them between validation runs).
     python3 tools/gil_fields_from_samples.py SAMPLES.json PRESET.json [BENCH.jsonl[.gz] ...]
 
 Rewrites PRESET.json's GIL fields and writes the estimate and the fit, every grid point
-included, to PRESET-gil-fit.json beside it (the fit simulates the benchmark: minutes).
+included, to PRESET-gil-fit.json beside SAMPLES.json (not beside the preset: a preset directory
+holds presets only). The fit simulates the benchmark: minutes.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def main(argv: list[str]) -> int:
     if not placed:
         out.update(fields)
     preset_file.write_text(json.dumps(out, indent=1) + "\n")
-    fit_file = preset_file.with_name(preset_file.stem + "-gil-fit.json")
+    fit_file = samples_file.with_name(preset_file.stem + "-gil-fit.json")
     fit_file.write_text(json.dumps({
         "what": "GIL hand-over estimate (kvsim.calibration.gil_handover) and fit "
                 "(kvsim.calibration.gil_fit) from the benchmark runs in 'runs_from'",

@@ -100,8 +100,8 @@ def _evaluate(args: tuple) -> dict:
 
 
 def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
-        shares: tuple[float, ...] = GRID_SHARES, exponents: tuple[float, ...] = GRID_EXPONENTS,
-        scales: tuple[float, ...] = GRID_SCALES, sim_probes: int = SIM_PROBES,
+        shares: tuple[float, ...] | None = None, exponents: tuple[float, ...] | None = None,
+        scales: tuple[float, ...] | None = None, sim_probes: int | None = None,
         processes: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
     """Fit ``recent_taker_share``, ``waiter_exponent`` and ``hold_scale`` of ``estimated`` (on
     CPU preset ``cpu``) to ``measured`` benchmark runs, keyed by their thread count, over the
@@ -112,6 +112,10 @@ def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
     import multiprocessing
     import os
 
+    shares = GRID_SHARES if shares is None else shares  # (read here: tests may narrow them)
+    exponents = GRID_EXPONENTS if exponents is None else exponents
+    scales = GRID_SCALES if scales is None else scales
+    sim_probes = SIM_PROBES if sim_probes is None else sim_probes
     meas = {n: targets(r) for n, r in sorted(measured.items())}
     points = [(sh, ex, sc) for sh in shares for ex in exponents for sc in scales]
     jobs = [(cpu, estimated, p, tuple(meas), sim_probes) for p in points]

@@ -20,6 +20,7 @@ import sys
 import time
 
 from kvsim.calibration import cpu_fit
+from kvsim.manager import KVCacheManager
 from kvsim.scenario.run import load_scenario
 from kvsim.workloads import burst_resize
 
@@ -34,7 +35,7 @@ def growth_steps(scenario, repeats: int) -> list[tuple[float, dict]]:
     times: list[list[float]] = []
     counts: list[dict] = []
     for _ in range(repeats):
-        manager = cpu_fit.KVCacheManager(scenario.manager)
+        manager = KVCacheManager(scenario.manager)
         step = 0
         for call in burst_resize.calls(scenario.manager, spec, manager, scenario.seed):
             t0 = time.perf_counter()
@@ -53,16 +54,8 @@ def decorrelating_cases(repeats: int) -> list[cpu_fit.Case]:
     out = []
     for gpu_pages in (4096, 16384, 32768):
         for pages in (500, 2000):
-            def setup(gpu_pages=gpu_pages, pages=pages):
-                mgr = cpu_fit._filled(gpu_pages, True)
-                req = mgr.create_kv_cache()
-                assert req.resume()
-
-                def call():
-                    assert req.resize(pages // 2 * 32)
-                    return mgr.last_plan.counts
-                return call
-            s, samples, counts = cpu_fit._time(setup, repeats)
+            s, samples, counts = cpu_fit._time(cpu_fit._resize_case(pages, True, gpu_pages),
+                                               repeats)
             out.append(cpu_fit.Case(f"resize evicting {pages} pages of a {gpu_pages}-page GPU",
                                     "fit", s, {u: getattr(counts, u) for u in cpu_fit.UNITS},
                                     samples, s, samples, one_shot=True))

@@ -97,9 +97,11 @@ def _time(setup: Callable[[], Callable[[], object]], repeats: int,
     return statistics.median(samples), samples, counts
 
 
-def _resize_case(pages: int, evict: bool):
+def _resize_case(pages: int, evict: bool, gpu_pages: int | None = None):
+    """A resize of ``pages`` on a GPU tier half full of evictable pages (``evict``; 8192 pages
+    unless ``gpu_pages``) or empty (16384 pages)."""
     def setup():
-        mgr = _filled(8192 if evict else 16384, evict)
+        mgr = _filled(gpu_pages or (8192 if evict else 16384), evict)
         req = mgr.create_kv_cache()
         assert req.resume()
         blocks = pages // 2  # two life cycles, no stale blocks (history 0)

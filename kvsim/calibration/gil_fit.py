@@ -64,11 +64,6 @@ def loss(sim: dict[int, LatencyTargets], meas: dict[int, LatencyTargets]) -> flo
     return total
 
 
-def _pooled_share(t: dict[int, LatencyTargets]) -> float:
-    probes = sum(x.probes for x in t.values())
-    return sum(x.interrupted_share * x.probes for x in t.values()) / probes
-
-
 def estimated_handover(estimate: dict) -> Handover:
     """The hand-over :func:`kvsim.calibration.gil_handover.estimate` gives, before the fit."""
     return Handover(hold=(tuple(estimate["hold_probs"]),
@@ -84,13 +79,16 @@ GRID_SCALES = (0.5, 0.7, 1.0, 1.4)
 SIM_PROBES = 30000  # simulated probes per thread count and grid point
 
 
+def _with_knobs(estimated: Handover, share: float, exponent: float, scale: float) -> Handover:
+    probs, holds = estimated.hold
+    return replace(estimated, hold=(probs, tuple(h * scale for h in holds)),
+                   waiter_exponent=exponent, recent_taker_share=share)
+
+
 def _evaluate(args: tuple) -> dict:
     cpu, estimated, point, meas_counts, sim_probes = args
     share, exponent, scale = point
-    probs, holds = estimated.hold
-    model = replace(cpu, gil_handover=replace(
-        estimated, hold=(probs, tuple(h * scale for h in holds)), waiter_exponent=exponent,
-        recent_taker_share=share))
+    model = replace(cpu, gil_handover=_with_knobs(estimated, share, exponent, scale))
     sim = {}
     for n in meas_counts:
         runs = max(1, math.ceil(sim_probes / (n * gh.BENCH_PROBES)))
@@ -137,10 +135,8 @@ def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
                          f"{row['waiter_exponent']:+.1f}, hold scale {row['hold_scale']:.1f}: "
                          f"loss {row['loss']:.4f}")
     best = min(evaluations, key=lambda r: r["loss"])
-    probs, holds = estimated.hold
-    fitted = replace(estimated, hold=(probs, tuple(h * best["hold_scale"] for h in holds)),
-                     waiter_exponent=best["waiter_exponent"],
-                     recent_taker_share=best["recent_taker_share"])
+    fitted = _with_knobs(estimated, best["recent_taker_share"], best["waiter_exponent"],
+                         best["hold_scale"])
     return {"handover": fitted, "hold_scale": best["hold_scale"],
             "waiter_exponent": best["waiter_exponent"],
             "recent_taker_share": best["recent_taker_share"], "loss": best["loss"],

@@ -162,15 +162,15 @@ def _poisson_interval(count: int, exposure: float) -> tuple[float | None, float 
     return (lo / exposure, hi / exposure)
 
 
-def _holds(calls: list[tuple[str, float, float]]) -> list[tuple[str, float, float, float]]:
-    """(thread, from, to, first completion): runs of consecutive completions by one thread; a
-    hold starts where the previous ended (or at its first call's start)."""
+def _holds(calls: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """(thread, last completion, first completion): runs of consecutive completions by one
+    thread."""
     out: list[list] = []
-    for thread, start, end in sorted(calls, key=lambda c: (c[2], c[1])):
+    for thread, _start, end in sorted(calls, key=lambda c: (c[2], c[1])):
         if out and out[-1][0] == thread:
-            out[-1][2] = end
+            out[-1][1] = end
         else:
-            out.append([thread, max(start, out[-1][2]) if out else start, end, end])
+            out.append([thread, end, end])
     return [tuple(h) for h in out]
 
 
@@ -208,13 +208,13 @@ def estimate_one(run: HandoverRun) -> dict:
     # A started thread waits for the GIL from Thread.start() on.
     alive_from = {t: v[0] for t, v in run.thread_starts.items()}
     hold_rows = []  # (seconds, other workers live, taken over by a worker)
-    for (thread, _frm, to, first), nxt in zip(holds, holds[1:]):
+    for (thread, to, first), (_next, _to, next_first) in zip(holds, holds[1:]):
         others = [a for t, a in alive_from.items() if t != thread and last_end.get(t, -1.0) > to]
         begin = max([first, min(others)]) if others else None
-        if begin is None or begin >= nxt[3]:
+        if begin is None or begin >= next_first:
             continue
-        taken = last_end[thread] > to and not _started_between(called, to, nxt[3])
-        hold_rows.append((nxt[3] - begin, len(others), taken))
+        taken = last_end[thread] > to and not _started_between(called, to, next_first)
+        hold_rows.append((next_first - begin, len(others), taken))
     return {"starter_waits_s": waits, "starter_takeovers": starter_takeovers,
             "holds": hold_rows}
 

@@ -85,8 +85,8 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
                               f"got {v!r}")
         return float(v)
 
-    def optional(key: str, default: float) -> float:
-        return value(key, data[key]) if key in data else default
+    def optional(key: str, default: float = 0.0, signed: bool = False) -> float:
+        return value(key, data[key], signed) if key in data else default
 
     units = data.get("unit_us", {})
     unknown = sorted(set(units) - set(UNITS))
@@ -103,13 +103,13 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
         includes_copy_submission=bool(data.get("includes_copy_submission", False)),
         holds_gil=bool(data.get("holds_gil", False)),
         first_call_factor=optional("first_call_factor", 1.0),
-        gil_handover=_handover(path, data, value),
+        gil_handover=_handover(path, data, optional, sources),
         thread_start_us=optional("thread_start_us", 0.0),
         sources=sources,
     )
 
 
-def _handover(path: Path, data: dict, value) -> Handover | None:
+def _handover(path: Path, data: dict, optional, sources: dict[str, str]) -> Handover | None:
     """The measured GIL hand-over: ``gil_hold_ms`` ({"value": {"probs": [...], "quantiles_ms":
     [...]}, "source"}) with ``gil_hold_waiter_exponent``, ``gil_recent_taker_share`` (0 to 1) and
     ``gil_starter_takeover_per_s``, each {"value", "source"}; absent: None."""
@@ -129,11 +129,7 @@ def _handover(path: Path, data: dict, value) -> Handover | None:
             or quantiles[0] < 0 or any(b < a for a, b in zip(quantiles, quantiles[1:])):
         raise ConfigError(f"{path}: {key}: probs must rise from 0 to 1 and quantiles_ms (as many, "
                           ">= 0) must not fall")
-    value(key, {"value": 0, "source": entry["source"]})  # records the source
-
-    def optional(name: str, signed: bool = False) -> float:
-        return value(name, data[name], signed) if name in data else 0.0
-
+    sources[key] = str(entry["source"])
     share = optional("gil_recent_taker_share")
     if share > 1:
         raise ConfigError(f"{path}: gil_recent_taker_share: a share, 0 to 1, got {share!r}")

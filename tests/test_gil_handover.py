@@ -371,3 +371,78 @@ def test_fit_targets_count_probes_over_three_times_the_median():
     t = gil_fit.targets([gh.HandoverRun(calls, {})])
     assert (t.probes, t.interrupted_share, t.interrupted_median_s) == (8, 0.25, 4.25)
 
+
+
+def test_the_starter_rate_is_estimated_at_the_exponent_the_model_scales_it_by():
+    # 4 takeovers over 1 s with one worker waiting and 1 s with four: exposure 2 s at exponent
+    # 0, 1 + 4 ** -1 = 1.25 s at -1.
+    waits = [(1.0, 1), (1.0, 4)]
+    assert gh.starter_rate(waits, 4, 0.0) == pytest.approx(2.0)
+    assert gh.starter_rate(waits, 4, -1.0) == pytest.approx(3.2)
+    assert gh.starter_rate([], 0, -1.0) is None
+    est = {"starter_waits_ms": [[1000.0, 1], [1000.0, 4]], "starter_takeovers": 4}
+    assert gh.starter_observations(est) == ([(1.0, 1), (1.0, 4)], 4)
+
+
+def test_the_fit_gives_the_starter_the_rate_of_its_chosen_exponent():
+    import math
+
+    truth = Handover(hold=((0.0, 0.5, 1.0), (0.001, 0.004, 0.02)), starter_takeover_per_s=20.0,
+                     waiter_exponent=-1.0)
+    cpu = python_cpu(thread_start_us=100.0)
+    made = replace(cpu, gil_handover=truth)
+    measured = {n: gh.simulate(made, math.ceil(1600 / (n * gh.BENCH_PROBES)), threads=n,
+                               seed=1000 * n) for n in (2, 4)}
+    starter = ([(0.01, 1), (0.01, 3)], 2)
+    result = gil_fit.fit(cpu, replace(truth, waiter_exponent=0.0), measured, shares=(0.0,),
+                         exponents=(0.0, -1.0), scales=(1.0,), sim_probes=1600, processes=1,
+                         starter=starter)
+    assert result["waiter_exponent"] == -1.0
+    rate = gh.starter_rate(*starter, -1.0)
+    assert result["starter_takeover_per_s"] == pytest.approx(rate)
+    assert result["handover"].starter_takeover_per_s == pytest.approx(rate)
+    assert rate != pytest.approx(gh.starter_rate(*starter, 0.0))  # the exponent mattered
+    without = gil_fit.fit(cpu, truth, measured, shares=(0.0,), exponents=(-1.0,), scales=(1.0,),
+                          sim_probes=1600, processes=1)
+    assert without["starter_takeover_per_s"] == 20.0  # no waits given: the estimate's rate
+
+
+def test_the_host_speed_factor_is_the_benchmark_probe_over_its_modelled_price():
+    from kvsim.calibration import host_speed
+
+    cpu = python_cpu()
+    same = host_speed.factor(cpu, {2: gh.simulate(cpu, runs=1, threads=2, probes=50)})
+    assert same["factor"] == pytest.approx(1.0, rel=0.02)
+    assert same["probes"] == 100
+    slow = replace(cpu, per_call_us=cpu.per_call_us * 2,
+                   unit_us={k: v * 2 for k, v in cpu.unit_us.items()},
+                   python_call_us=cpu.python_call_us * 2)
+    twice = host_speed.factor(cpu, {2: gh.simulate(slow, runs=1, threads=2, probes=50)})
+    assert twice["factor"] == pytest.approx(2.0, rel=0.02)
+    with pytest.raises(ValueError, match="already stretched"):
+        host_speed.factor(replace(cpu, host_speed_factor=2.0), {})
+    with pytest.raises(ValueError, match="no benchmark probes"):
+        host_speed.factor(cpu, {})
+    field = host_speed.preset_field(twice, "runs.jsonl")
+    assert field["value"] == round(twice["factor"], 4) and "runs.jsonl" in field["source"]
+
+
+def test_a_host_speed_factor_stretches_every_host_cost_of_a_preset(tmp_path):
+    base = load_cpu_model.__globals__["CPU_PRESET_DIR"].joinpath("kvsim-python-h200host.json")
+    data = json.loads(base.read_text())
+    data.pop("host_speed_factor", None)
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(data))
+    plain = load_cpu_model(path)
+    path.write_text(json.dumps(data | {"host_speed_factor": {"value": 1.5, "source": "test"}}))
+    slow = load_cpu_model(path)
+    assert slow.host_speed_factor == 1.5 and plain.host_speed_factor == 1.0
+    for attr in ("per_call_us", "callback_us", "python_call_us", "thread_start_us"):
+        assert getattr(slow, attr) == pytest.approx(1.5 * getattr(plain, attr)), attr
+    assert slow.unit_us == pytest.approx({k: 1.5 * v for k, v in plain.unit_us.items()})
+    assert slow.gil_handover == plain.gil_handover  # the hand-over is timed apart
+    assert slow.sources["host_speed_factor"] == "test"
+    for bad in (0, -1.0):
+        path.write_text(json.dumps(data | {"host_speed_factor": {"value": bad, "source": "t"}}))
+        with pytest.raises(ConfigError, match=r"cpu\.json: host_speed_factor"):
+            load_cpu_model(path)

@@ -63,7 +63,10 @@ def test_calibrate_fits_the_gil_hand_over_by_simulating_its_benchmark(tmp_path, 
     grid narrowed to one point and few probes here: the search itself is tested apart)."""
     import json
 
+    import pytest
+
     from kvsim.calibration import gil_fit
+    from kvsim.calibration import gil_handover as gh
     from kvsim.cli import main
     from kvsim.sim.cpu_cost import load_cpu_model
 
@@ -78,3 +81,13 @@ def test_calibrate_fits_the_gil_hand_over_by_simulating_its_benchmark(tmp_path, 
     assert sorted(fit["measured"]) == ["12", "4"] and len(fit["evaluations"]) == 1
     handover = load_cpu_model(tmp_path / "fitted.json").gil_handover
     assert (handover.recent_taker_share, handover.waiter_exponent) == (0.3, -0.5)
+    # The starter's rate at the fitted exponent, from the starter's own waits.
+    gil = json.loads((tmp_path / "fitted-samples.json").read_text())["gil_handover"]
+    waits, takeovers = gh.starter_observations(gil)
+    expected = gh.starter_rate(waits, takeovers, -0.5) or 0.0
+    assert handover.starter_takeover_per_s == pytest.approx(expected, abs=0.005)
+    # The host's speed over the benchmark's runs against the CPU fit, stretching the preset.
+    preset = json.loads((tmp_path / "fitted.json").read_text())
+    assert preset["host_speed_factor"]["value"] == round(gil["host_speed"]["factor"], 4) > 0
+    assert load_cpu_model(tmp_path / "fitted.json").host_speed_factor == \
+        preset["host_speed_factor"]["value"]

@@ -5,7 +5,8 @@ tools/interleaved_runs.sh makes them between validation runs).
 
     python3 tools/gil_fields_from_samples.py SAMPLES.json PRESET.json [BENCH.jsonl[.gz] ...]
 
-Rewrites PRESET.json's GIL fields and writes the estimate and the fit, every grid point
+Rewrites PRESET.json's GIL fields (and its host speed factor, from the same runs:
+kvsim.calibration.host_speed) and writes the estimate and the fit, every grid point
 included, to PRESET-gil-fit.json beside SAMPLES.json (not beside the preset: a preset directory
 holds presets only). The fit simulates the benchmark: minutes.
 """
@@ -17,13 +18,13 @@ import json
 import sys
 from pathlib import Path
 
-from kvsim.calibration import gil_fit
+from kvsim.calibration import gil_fit, host_speed
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration.cpu_fit import gil_fields, machine_label
-from kvsim.sim.cpu_cost import load_cpu_model
+from kvsim.sim.cpu_cost import cpu_model_from_dict
 
 GIL_KEYS = ("gil_hold_ms", "gil_hold_waiter_exponent", "gil_recent_taker_share",
-            "gil_starter_takeover_per_s",
+            "gil_starter_takeover_per_s", "host_speed_factor",
             # the previous model's fields, replaced
             "gil_takeover_per_s", "gil_takeover_delay_ms")
 
@@ -47,16 +48,21 @@ def main(argv: list[str]) -> int:
         source = str(samples_file)
     runs = gh.runs_from_json(raw)
     est = gh.estimate([r for rs in runs.values() for r in rs])
-    result = gil_fit.fit(load_cpu_model(preset_file), gil_fit.estimated_handover(est), runs,
-                         progress=lambda m: print(m, file=sys.stderr))
+    preset = json.loads(preset_file.read_text())
+    for key in GIL_KEYS:
+        preset.pop(key, None)
+    # The host's speed over these runs first: the fit simulates the benchmark at that speed.
+    est["host_speed"] = host_speed.factor(cpu_model_from_dict(preset, preset_file), runs)
+    stretched = {**preset, "host_speed_factor": host_speed.preset_field(est["host_speed"], source)}
+    result = gil_fit.fit(cpu_model_from_dict(stretched, preset_file),
+                         gil_fit.estimated_handover(est), runs,
+                         progress=lambda m: print(m, file=sys.stderr),
+                         starter=gh.starter_observations(est))
     est["fit"] = gil_fit.summary(result)
     m = samples["machine"]
     fields = gil_fields(est, source, machine_label(m["node"], m["processor"], m["python"]))
     fields = {k: {**v, "source": v["source"] + " (derived by tools/gil_fields_from_samples.py)"}
               for k, v in fields.items()}
-    preset = json.loads(preset_file.read_text())
-    for key in GIL_KEYS:
-        preset.pop(key, None)
     out, placed = {}, False
     for k, v in preset.items():  # keep the preset's order: the GIL fields before callback_us
         if k == "callback_us" and not placed:

@@ -120,13 +120,20 @@ def run(args: argparse.Namespace) -> int:
             indent=1) + "\n")
 
     write_preset()
+    if gil is not None:
+        from kvsim.calibration import host_speed
+        from kvsim.sim.cpu_cost import load_cpu_model
+
+        gil["host_speed"] = host_speed.factor(load_cpu_model(preset_file), gil_runs)
+        say(f"host speed over the GIL benchmark: x {gil['host_speed']['factor']:.3f} the CPU fit's")
+        write_preset()
+        samples_file.write_text(json.dumps(samples, indent=1) + "\n")
     if gil is not None and gil.get("hold_quantiles_ms") and not args.no_gil_fit:
         from kvsim.calibration import gil_fit
-        from kvsim.sim.cpu_cost import load_cpu_model
 
         say("GIL hand-over: fitting the model to the benchmark's probe latencies")
         result = gil_fit.fit(load_cpu_model(preset_file), gil_fit.estimated_handover(gil),
-                             gil_runs, progress=say)
+                             gil_runs, progress=say, starter=gil_handover.starter_observations(gil))
         gil["fit"] = gil_fit.summary(result)
         write_preset()
         samples_file.write_text(json.dumps(samples, indent=1) + "\n")
@@ -140,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
                       "gil_fit": None if gil is None or "fit" not in gil else {
                           k: gil["fit"][k] for k in ("hold_scale", "waiter_exponent",
                                                      "recent_taker_share", "loss")},
-                      "gil_starter_takeover_per_s": (None if gil is None
-                                                     else gil["starter_takeover_per_s"]),
+                      "gil_starter_takeover_per_s": (
+                          None if gil is None else gil.get("fit", gil)["starter_takeover_per_s"]),
                       "thread_start_us": start_cost["us"],
                       "judge_median_ape_pct": sorted(judged)[len(judged) // 2] if judged else None,
                       "judge_worst_ape_pct": max(judged) if judged else None}, sort_keys=True))

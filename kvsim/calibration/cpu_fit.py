@@ -249,8 +249,9 @@ def machine_label(node: str, processor: str, python: str) -> str:
 def gil_fields(gil: dict, source_file: str, machine: str) -> dict:
     """The measured GIL hand-over (:class:`kvsim.sim.gil.Handover`) from ``gil``: an estimate of
     :func:`kvsim.calibration.gil_handover.estimate` with, under "fit", what
-    :func:`kvsim.calibration.gil_fit.fit` made of it. Without holds to estimate from, nothing
-    (the simulator then keeps CPython's switch-interval rule)."""
+    :func:`kvsim.calibration.gil_fit.fit` made of it, and under "host_speed" the host speed
+    factor of the same runs (:func:`kvsim.calibration.host_speed.factor`). Without holds to
+    estimate from, nothing (the simulator then keeps CPython's switch-interval rule)."""
     if not gil.get("hold_quantiles_ms"):
         return {}
     where = f"{source_file}: kvsim.calibration.gil_handover {machine}"
@@ -279,8 +280,18 @@ def gil_fields(gil: dict, source_file: str, machine: str) -> dict:
     rate, seen = gil.get("starter_takeover_per_s"), gil.get("starter_takeovers", 0)
     if seen and rate:
         lo, hi = gil["starter_takeover_interval_per_s"]
+        at = "the estimated waiter exponent"
+        if fitted and fitted.get("starter_takeover_per_s"):
+            # Same takeovers over the exposure at the fitted exponent: the interval scales alike.
+            ratio = fitted["starter_takeover_per_s"] / rate
+            rate, lo, hi = fitted["starter_takeover_per_s"], lo * ratio, hi * ratio
+            at = "the fitted waiter exponent"
         out["gil_starter_takeover_per_s"] = {
             "value": round(rate, 2),
-            "source": f"{where}; {seen} starter takeovers in the benchmark's runs, 90 % interval "
-                      f"[{lo:.1f}, {hi:.1f}] per s"}
+            "source": f"{where}; {seen} starter takeovers in the benchmark's runs, at {at}, "
+                      f"90 % interval [{lo:.1f}, {hi:.1f}] per s"}
+    if gil.get("host_speed"):
+        from kvsim.calibration.host_speed import preset_field
+
+        out["host_speed_factor"] = preset_field(gil["host_speed"], f"{source_file} {machine}")
     return out

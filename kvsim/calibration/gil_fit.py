@@ -13,6 +13,11 @@ the benchmark (the fit set; the validation scenario is judged apart):
 * ``recent_taker_share``: how often the waiter that lost the GIL last takes it over (more:
   an interrupted probe gets back sooner).
 
+The starter's rate is given for one worker waiting and scaled by the same power of the waiters
+as the holds, so at each point it is re-estimated at that point's exponent (from the starter's
+waits, :func:`kvsim.calibration.gil_handover.starter_rate`); a rate estimated at another exponent
+starts the threads at the wrong pace (on the H200 host, 1.7x too slowly at the fitted -1.2).
+
 **Targets**, for each thread count measured: the share of probes *interrupted* (latency over
 3x the median of that thread count's probes) and the median latency of those. **Loss**: the sum
 of squared log ratios simulated/measured. **Search**: a grid over the three knobs, every point
@@ -79,16 +84,23 @@ GRID_SCALES = (0.5, 0.7, 1.0, 1.4)
 SIM_PROBES = 30000  # simulated probes per thread count and grid point
 
 
-def _with_knobs(estimated: Handover, share: float, exponent: float, scale: float) -> Handover:
+Starter = tuple[list[tuple[float, int]], int]  # (seconds, workers waiting) waits, takeovers
+
+
+def _with_knobs(estimated: Handover, share: float, exponent: float, scale: float,
+                starter: Starter | None) -> Handover:
     probs, holds = estimated.hold
+    rate = estimated.starter_takeover_per_s if starter is None else \
+        gh.starter_rate(*starter, exponent) or 0.0
     return replace(estimated, hold=(probs, tuple(h * scale for h in holds)),
-                   waiter_exponent=exponent, recent_taker_share=share)
+                   waiter_exponent=exponent, recent_taker_share=share,
+                   starter_takeover_per_s=rate)
 
 
 def _evaluate(args: tuple) -> dict:
-    cpu, estimated, point, meas_counts, sim_probes = args
+    cpu, estimated, point, meas_counts, sim_probes, starter = args
     share, exponent, scale = point
-    model = replace(cpu, gil_handover=_with_knobs(estimated, share, exponent, scale))
+    model = replace(cpu, gil_handover=_with_knobs(estimated, share, exponent, scale, starter))
     sim = {}
     for n in meas_counts:
         runs = max(1, math.ceil(sim_probes / (n * gh.BENCH_PROBES)))
@@ -100,12 +112,15 @@ def _evaluate(args: tuple) -> dict:
 def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
         shares: tuple[float, ...] | None = None, exponents: tuple[float, ...] | None = None,
         scales: tuple[float, ...] | None = None, sim_probes: int | None = None,
-        processes: int | None = None, progress: Callable[[str], None] | None = None) -> dict:
+        processes: int | None = None, progress: Callable[[str], None] | None = None,
+        starter: Starter | None = None) -> dict:
     """Fit ``recent_taker_share``, ``waiter_exponent`` and ``hold_scale`` of ``estimated`` (on
     CPU preset ``cpu``) to ``measured`` benchmark runs, keyed by their thread count, over the
     grid, ``sim_probes`` simulated probes per thread count and point (``processes`` worker
-    processes, default one per CPU; 1: none). Returns the fitted :class:`Handover` and every
-    grid point."""
+    processes, default one per CPU; 1: none). ``starter``: the starter's waits and takeovers
+    (:func:`kvsim.calibration.gil_handover.starter_observations`), its rate re-estimated at each
+    point's exponent; None keeps ``estimated``'s rate. Returns the fitted :class:`Handover`
+    and every grid point."""
     import contextlib
     import multiprocessing
     import os
@@ -116,7 +131,7 @@ def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
     sim_probes = SIM_PROBES if sim_probes is None else sim_probes
     meas = {n: targets(r) for n, r in sorted(measured.items())}
     points = [(sh, ex, sc) for sh in shares for ex in exponents for sc in scales]
-    jobs = [(cpu, estimated, p, tuple(meas), sim_probes) for p in points]
+    jobs = [(cpu, estimated, p, tuple(meas), sim_probes, starter) for p in points]
     processes = processes or min(len(points), os.cpu_count() or 1)
     evaluations = []
     with contextlib.ExitStack() as stack:
@@ -136,10 +151,11 @@ def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
                          f"loss {row['loss']:.4f}")
     best = min(evaluations, key=lambda r: r["loss"])
     fitted = _with_knobs(estimated, best["recent_taker_share"], best["waiter_exponent"],
-                         best["hold_scale"])
+                         best["hold_scale"], starter)
     return {"handover": fitted, "hold_scale": best["hold_scale"],
             "waiter_exponent": best["waiter_exponent"],
-            "recent_taker_share": best["recent_taker_share"], "loss": best["loss"],
+            "recent_taker_share": best["recent_taker_share"],
+            "starter_takeover_per_s": fitted.starter_takeover_per_s, "loss": best["loss"],
             "measured": {n: vars(t) for n, t in meas.items()}, "simulated": best["simulated"],
             "simulated_probes_per_thread_count": sim_probes, "evaluations": evaluations}
 

@@ -262,6 +262,22 @@ def waiter_exponent(holds: list[tuple[float, int, bool]],
     return best
 
 
+def starter_rate(waits: list[tuple[float, int]], takeovers: int, exponent: float) -> float | None:
+    """The starter's takeover rate for one worker waiting, by maximum likelihood for exponential
+    waits with hazard ``rate * n ** exponent`` over (seconds, workers waiting) ``waits``, cut-short
+    ones included: ``takeovers`` over the waits' exposure. The simulator scales the rate by the
+    same power of the waiters (:class:`kvsim.sim.gil.Handover`), so it must be estimated at the
+    exponent the model uses, the fitted one where the exponent is fitted."""
+    exposure = sum(w * n ** exponent for w, n in waits)
+    return takeovers / exposure if exposure > 0 else None
+
+
+def starter_observations(estimate: dict) -> tuple[list[tuple[float, int]], int]:
+    """(seconds, workers waiting) of every starter wait and the takeovers among them, from an
+    :func:`estimate`: what :func:`starter_rate` needs at another exponent."""
+    return [(ms * 1e-3, int(n)) for ms, n in estimate["starter_waits_ms"]], estimate["starter_takeovers"]
+
+
 def estimate(runs: list[HandoverRun]) -> dict:
     """Pooled estimates over ``runs``, with per-run figures and 90 % intervals."""
     per_run = [estimate_one(r) for r in runs]
@@ -269,7 +285,8 @@ def estimate(runs: list[HandoverRun]) -> dict:
     holds = [h for r in per_run for h in r["holds"]]
     g = waiter_exponent(holds)
     # The starter races like one more waiter: its rate is given for one worker waiting.
-    starter_exposure = sum(w * n ** g for r in per_run for w, n in r["starter_waits_s"])
+    waits = [(w, n) for r in per_run for w, n in r["starter_waits_s"]]
+    starter_exposure = sum(w * n ** g for w, n in waits)
     quantiles = km_quantiles([(t * n ** g, taken) for t, n, taken in holds], DELAY_PROBS)
     by_waiters: dict[int, list] = {}
     for t, n, taken in holds:
@@ -288,10 +305,11 @@ def estimate(runs: list[HandoverRun]) -> dict:
         "holds_by_waiters": {
             n: {"takeovers": k, "hold_s": t, "per_s": k / t if t else None}
             for n, (k, t) in sorted(by_waiters.items())},
-        "starter_takeover_per_s": starter / starter_exposure if starter_exposure > 0 else None,
+        "starter_takeover_per_s": starter_rate(waits, starter, g),
         "starter_takeover_interval_per_s": _poisson_interval(starter, starter_exposure),
         "starter_takeovers": starter,
-        "starter_waits_ms": [w * 1e3 for r in per_run for w, _n in r["starter_waits_s"]],
+        # (ms, workers waiting): the fit re-estimates the starter's rate at its exponent
+        "starter_waits_ms": [[w * 1e3, n] for w, n in waits],
         "per_run": [{"holds": len(r["holds"]),
                      "worker_takeovers": sum(1 for h in r["holds"] if h[2]),
                      "starter_takeovers": r["starter_takeovers"],

@@ -52,6 +52,8 @@ class CpuCostModel:
     # a Python manager and a value > 0 the simulator starts the threads as the hardware executor
     # does: one at a time, from a main thread that needs the GIL for each; 0: all at time 0.
     thread_start_us: float = 0.0
+    # The host speed the costs above were stretched by when loaded (they include it already).
+    host_speed_factor: float = 1.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def seconds(self, counts: WorkCounts) -> float:
@@ -72,7 +74,14 @@ class CpuCostModel:
 
 
 def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
+    """A CPU preset by name, or a CPU preset JSON file by path."""
     path, data = load_preset_json(name_or_path, CPU_PRESET_DIR, "CPU cost")
+    return cpu_model_from_dict(data, path)
+
+
+def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
+    """A CPU preset already parsed; ``path`` names it in errors."""
+    path = Path(path)
     sources: dict[str, str] = {}
 
     def value(key: str, entry: object, signed: bool = False) -> float:
@@ -93,18 +102,24 @@ def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:
     if unknown:
         raise ConfigError(f"{path}: unit_us.{unknown[0]}: not a plan count "
                           f"(known: {', '.join(UNITS)})")
+    # How fast the host ran when the preset was used against when its costs were timed
+    # (kvsim.calibration.host_speed): every host cost is stretched by it.
+    speed = optional("host_speed_factor", 1.0)
+    if speed <= 0:
+        raise ConfigError(f"{path}: host_speed_factor: must be > 0, got {speed!r}")
     return CpuCostModel(
         name=str(data.get("name", path.stem)),
         description=str(data.get("description", "")),
-        per_call_us=value("per_call_us", data.get("per_call_us")),
-        unit_us={k: value(f"unit_us.{k}", v) for k, v in units.items()},
-        callback_us=value("callback_us", data.get("callback_us")),
-        python_call_us=value("python_call_us", data.get("python_call_us")),
+        per_call_us=value("per_call_us", data.get("per_call_us")) * speed,
+        unit_us={k: value(f"unit_us.{k}", v) * speed for k, v in units.items()},
+        callback_us=value("callback_us", data.get("callback_us")) * speed,
+        python_call_us=value("python_call_us", data.get("python_call_us")) * speed,
         includes_copy_submission=bool(data.get("includes_copy_submission", False)),
         holds_gil=bool(data.get("holds_gil", False)),
         first_call_factor=optional("first_call_factor", 1.0),
         gil_handover=_handover(path, data, optional, sources),
-        thread_start_us=optional("thread_start_us", 0.0),
+        thread_start_us=optional("thread_start_us", 0.0) * speed,
+        host_speed_factor=speed,
         sources=sources,
     )
 

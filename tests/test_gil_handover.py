@@ -372,7 +372,6 @@ def test_fit_targets_count_probes_over_three_times_the_median():
     assert (t.probes, t.interrupted_share, t.interrupted_median_s) == (8, 0.25, 4.25)
 
 
-
 def test_the_starter_rate_is_estimated_at_the_exponent_the_model_scales_it_by():
     # 4 takeovers over 1 s with one worker waiting and 1 s with four: exposure 2 s at exponent
     # 0, 1 + 4 ** -1 = 1.25 s at -1.

@@ -262,13 +262,19 @@ def waiter_exponent(holds: list[tuple[float, int, bool]],
     return best
 
 
+def starter_exposure(waits: list[tuple[float, int]], exponent: float) -> float:
+    """Seconds of starter waiting, each (seconds, workers waiting) wait weighted by
+    ``n ** exponent``: what the starter's takeovers are counted over."""
+    return sum(w * n ** exponent for w, n in waits)
+
+
 def starter_rate(waits: list[tuple[float, int]], takeovers: int, exponent: float) -> float | None:
     """The starter's takeover rate for one worker waiting, by maximum likelihood for exponential
     waits with hazard ``rate * n ** exponent`` over (seconds, workers waiting) ``waits``, cut-short
     ones included: ``takeovers`` over the waits' exposure. The simulator scales the rate by the
     same power of the waiters (:class:`kvsim.sim.gil.Handover`), so it must be estimated at the
     exponent the model uses, the fitted one where the exponent is fitted."""
-    exposure = sum(w * n ** exponent for w, n in waits)
+    exposure = starter_exposure(waits, exponent)
     return takeovers / exposure if exposure > 0 else None
 
 
@@ -286,7 +292,7 @@ def estimate(runs: list[HandoverRun]) -> dict:
     g = waiter_exponent(holds)
     # The starter races like one more waiter: its rate is given for one worker waiting.
     waits = [(w, n) for r in per_run for w, n in r["starter_waits_s"]]
-    starter_exposure = sum(w * n ** g for w, n in waits)
+    exposure = starter_exposure(waits, g)
     quantiles = km_quantiles([(t * n ** g, taken) for t, n, taken in holds], DELAY_PROBS)
     by_waiters: dict[int, list] = {}
     for t, n, taken in holds:
@@ -306,7 +312,7 @@ def estimate(runs: list[HandoverRun]) -> dict:
             n: {"takeovers": k, "hold_s": t, "per_s": k / t if t else None}
             for n, (k, t) in sorted(by_waiters.items())},
         "starter_takeover_per_s": starter_rate(waits, starter, g),
-        "starter_takeover_interval_per_s": _poisson_interval(starter, starter_exposure),
+        "starter_takeover_interval_per_s": _poisson_interval(starter, exposure),
         "starter_takeovers": starter,
         # (ms, workers waiting): the fit re-estimates the starter's rate at its exponent
         "starter_waits_ms": [[w * 1e3, n] for w, n in waits],

@@ -91,3 +91,27 @@ def test_calibrate_fits_the_gil_hand_over_by_simulating_its_benchmark(tmp_path, 
     assert preset["host_speed_factor"]["value"] == round(gil["host_speed"]["factor"], 4) > 0
     assert load_cpu_model(tmp_path / "fitted.json").host_speed_factor == \
         preset["host_speed_factor"]["value"]
+
+
+def _validated(scenario, growth_calls, probe):
+    """A validation result as ``validate`` writes it, with ``growth_calls`` resize calls."""
+    call = {"end_to_end_ms": {"ape_pct": 40.0}, "host_ms": {"ape_pct": 30.0}}
+    return {"scenario": scenario, "burst_resize": [dict(call) for _ in range(growth_calls)],
+            "probe": probe, "measured_runs": ["r1", "r2"], "date": "2026-12-03"}
+
+
+def test_summary_takes_burst_figures_only_from_one_resize_scenarios():
+    """A probe scenario's growth steps (many resize calls under contention) are not reported as
+    the burst-resize figure; a burst scenario's single resize is, and probe figures come from
+    the probe scenario."""
+    from kvsim.calibration.validate import combine
+
+    probe = {"all": {"p50": {"ape_pct": 2.5}, "p99": {"ape_pct": 1.8, "measured_ms": 17.4,
+                                                      "predicted_ms": 17.1}}}
+    alone = combine([_validated("probe_during_resize", 7, probe)])
+    assert "burst_resize_ape_pct" not in alone
+    assert alone["probe_p99_ape_pct"] == 1.8 and alone["probe_runs"] == 2
+    both = combine([_validated("burst", 1, {}), _validated("probe_during_resize", 7, probe)])
+    assert both["burst_resize_ape_pct"] == 40.0
+    assert both["probe_p50_ape_pct"] == 2.5
+    assert both["scenarios"] == ["burst", "probe_during_resize"]

@@ -1,0 +1,59 @@
+"""tools/validation_summary.py: summary.json assembled from the named judge files."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+V = ROOT / "reports" / "validation-h200"
+
+
+def _tool():
+    path = ROOT / "tools" / "validation_summary.py"
+    spec = importlib.util.spec_from_file_location("validation_summary", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_summary_takes_each_figure_from_its_own_judge_file():
+    """Copy and burst figures from the burst judge, probe figures from the probe judge, dates
+    from the measurements' own records."""
+    tool = _tool()
+    probe_judge = V / "call-e" / "h200_probe_during_resize.json"
+    out = tool.build(V / "h200_burst_resize.json", probe_judge, V, note="n")
+    probe = json.loads(probe_judge.read_text())["probe"]["all"]
+    burst = json.loads((V / "h200_burst_resize.json").read_text())
+    assert out["probe_p99_ape_pct"] == probe["p99"]["ape_pct"]
+    assert out["probe_p50_ape_pct"] == probe["p50"]["ape_pct"]
+    assert out["copy_batch_median_ape_pct"] == burst["copy_bench"]["median_ape_pct"]
+    assert out["burst_resize_ape_pct"] == burst["burst_resize"][0]["end_to_end_ms"]["ape_pct"]
+    dates = (out["copy_and_burst_date"], out["probe_date"], out["date"])
+    assert dates == ("2026-12-02", "2026-12-03", "2026-12-03")
+    assert out["probe_from"] == "call-e/h200_probe_during_resize.json" and out["probe_note"] == "n"
+
+
+def test_committed_summary_is_what_the_tool_writes():
+    """summary.json is not edited by hand: the tool, run on the committed judges, gives it."""
+    tool = _tool()
+    committed = json.loads((V / "summary.json").read_text())
+    rebuilt = tool.build(V / "h200_burst_resize.json", V / "call-e" / "h200_probe_during_resize.json",
+                         V, note=committed.get("probe_note"))
+    assert json.loads(json.dumps(rebuilt)) == committed
+
+
+def test_a_burst_judge_given_as_the_probe_judge_is_refused(tmp_path):
+    tool = _tool()
+    with pytest.raises(SystemExit, match="field 'probe' is empty"):
+        tool.build(V / "h200_burst_resize.json", V / "h200_burst_resize.json", V)
+
+
+def test_an_unreadable_machine_date_names_file_line_and_field(tmp_path):
+    tool = _tool()
+    (tmp_path / "machine.txt").write_text("yesterday\n")
+    with pytest.raises(SystemExit, match=r"machine.txt:1: field 'date'"):
+        tool._machine_date(tmp_path / "judge.json")

@@ -1,0 +1,102 @@
+"""Write reports/validation-h200/summary.json from the judge files its figures come from.
+
+The judged figures come from different device calls: copy batches and burst resize from call A's
+judge (``h200_burst_resize.json``), probe latency from the held-out call E
+(``call-e/h200_probe_during_resize.json``). ``kvsim validate --out DIR`` combines every judge file
+in one directory; this names the files instead, so the summary says where each figure was made.
+
+    python3 tools/validation_summary.py [--burst FILE] [--probe FILE] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from kvsim.calibration.validate import combine  # noqa: E402
+
+V = Path("reports/validation-h200")
+
+# What summary.json says about the probe figures' history; each number names its file.
+PROBE_HISTORY = {
+    "call_c_72_runs_before_fixes_p99_ape_pct": "h200_probe_during_resize.json",
+    "call_d_42_runs_before_fixes_p99_ape_pct": "replication/summary.json",
+    "call_c_rejudged_p99_ape_pct": "rejudged/call-c-summary.json",
+    "call_d_rejudged_p99_ape_pct": "rejudged/call-d-summary.json",
+}
+
+
+# Call E's protocol ran until a set time: 110 runs were made, runs 54-110 came back in an archive
+# over the device tool's return limit and were lost with the machine (README, "Call E").
+CALL_E_NOTE = ("call E: runs 1-53 judged; runs 54-110 were measured but lost (their archive was "
+               "over the device tool's 16 MiB return limit) and are not in any figure")
+
+
+def _p99(path: Path) -> float:
+    data = json.loads(path.read_text())
+    if "probe" in data:  # a judge file
+        return data["probe"]["all"]["p99"]["ape_pct"]
+    return data["probe_p99_ape_pct"]  # a summary
+
+
+def _copy_bench_date(judge: dict) -> str:
+    """The copy bench's measurement date, from its provenance (call A measured copies and bursts
+    in one device call)."""
+    bench = json.loads((ROOT / judge["copy_bench"]["file"]).read_text())  # repo-relative
+    return bench["provenance"]["date_utc"][:10]
+
+
+def _machine_date(probe: Path) -> str:
+    """The probe call's date: the first line of its ``machine.txt`` (``date`` on the GPU machine,
+    written by tools/interleaved_runs.sh), e.g. ``Thu Dec  3 07:03:07 AM UTC 2026``."""
+    path = probe.parent / "machine.txt"
+    line = path.read_text().splitlines()[0]
+    try:
+        return datetime.strptime(" ".join(line.split()), "%a %b %d %I:%M:%S %p UTC %Y").strftime("%Y-%m-%d")
+    except ValueError:
+        raise SystemExit(f"{path}:1: field 'date': cannot read {line!r} as `date` output") from None
+
+
+def build(burst: Path, probe: Path, root: Path, note: str | None = None) -> dict:
+    judged = [json.loads(burst.read_text()), json.loads(probe.read_text())]
+    for name, data in zip((burst, probe), judged):
+        if "burst_resize" not in data or "scenario" not in data:
+            raise SystemExit(f"{name}: not a kvsim validate judge file (no 'burst_resize'/'scenario')")
+    if not judged[1]["probe"]:
+        raise SystemExit(f"{probe}: field 'probe' is empty: not a probe scenario's judge")
+    out = combine(judged)
+    out["copy_and_burst_from"] = str(burst.relative_to(root))
+    out["copy_and_burst_date"] = _copy_bench_date(judged[0])
+    out["probe_from"] = str(probe.relative_to(root))
+    out["probe_date"] = _machine_date(probe)
+    out["date"] = max(out["copy_and_burst_date"], out["probe_date"])  # the latest measurement
+    if note:
+        out["probe_note"] = note
+    out["probe_history"] = {k: _p99(root / f) for k, f in PROBE_HISTORY.items() if (root / f).exists()}
+    out["probe_history_files"] = {k: f for k, f in PROBE_HISTORY.items() if (root / f).exists()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--burst", type=Path, default=ROOT / V / "h200_burst_resize.json")
+    ap.add_argument("--probe", type=Path, default=ROOT / V / "call-e" / "h200_probe_during_resize.json")
+    ap.add_argument("--out", type=Path, default=ROOT / V / "summary.json")
+    ap.add_argument("--note", default=CALL_E_NOTE, help="what summary.json says about the probe runs")
+    args = ap.parse_args(argv)
+    summary = build(args.burst.resolve(), args.probe.resolve(), args.out.resolve().parent,
+                    args.note)
+    args.out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
+    print(json.dumps({k: summary[k] for k in ("copy_batch_median_ape_pct", "burst_resize_ape_pct",
+                                               "probe_p50_ape_pct", "probe_p99_ape_pct")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

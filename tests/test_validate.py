@@ -106,11 +106,14 @@ def test_summary_takes_burst_figures_only_from_one_resize_scenarios():
     the probe scenario."""
     from kvsim.calibration.validate import combine
 
-    probe = {"all": {"p50": {"ape_pct": 2.5}, "p99": {"ape_pct": 1.8, "measured_ms": 17.4,
-                                                      "predicted_ms": 17.1}}}
+    probe = {"all": {"p50": {"ape_pct": 2.5, "equivalent_10pct": True},
+                     "p99": {"ape_pct": 1.8, "equivalent_10pct": False, "measured_ms": 17.4,
+                             "predicted_ms": 17.1}}}
     alone = combine([_validated("probe_during_resize", 7, probe)])
     assert "burst_resize_ape_pct" not in alone
     assert alone["probe_p99_ape_pct"] == 1.8 and alone["probe_runs"] == 2
+    # a point error under 10 % is reported apart from the equivalence verdict
+    assert alone["probe_p50_equivalent_10pct"] is True and alone["probe_p99_equivalent_10pct"] is False
     both = combine([_validated("burst", 1, {}), _validated("probe_during_resize", 7, probe)])
     assert both["burst_resize_ape_pct"] == 40.0
     assert both["probe_p50_ape_pct"] == 2.5

@@ -41,8 +41,10 @@ def test_committed_summary_is_what_the_tool_writes():
     """summary.json is not edited by hand: the tool, run on the committed judges, gives it."""
     tool = _tool()
     committed = json.loads((V / "summary.json").read_text())
+    replication = V / "call-f" / "h200_probe_during_resize.json"
     rebuilt = tool.build(V / "h200_burst_resize.json", V / "call-e" / "h200_probe_during_resize.json",
-                         V, note=committed.get("probe_note"))
+                         V, note=committed.get("probe_note"),
+                         replication=replication if "probe_replication_from" in committed else None)
     assert json.loads(json.dumps(rebuilt)) == committed
 
 
@@ -57,3 +59,22 @@ def test_an_unreadable_machine_date_names_file_line_and_field(tmp_path):
     (tmp_path / "machine.txt").write_text("yesterday\n")
     with pytest.raises(SystemExit, match=r"machine.txt:1: field 'date'"):
         tool._machine_date(tmp_path / "judge.json")
+
+
+def test_a_replication_adds_its_probe_figures_beside_the_main_call():
+    """The replication's figures come from its own judge, under probe_replication_*, and leave
+    the main call's probe figures as they are."""
+    tool = _tool()
+    rep = V / "call-f" / "h200_probe_during_resize.json"
+    if not rep.exists():
+        pytest.skip("no replication judge committed")
+    main = V / "call-e" / "h200_probe_during_resize.json"
+    out = tool.build(V / "h200_burst_resize.json", main, V, replication=rep)
+    rep_probe = json.loads(rep.read_text())["probe"]["all"]
+    main_probe = json.loads(main.read_text())["probe"]["all"]
+    assert out["probe_replication_p99_ape_pct"] == rep_probe["p99"]["ape_pct"]
+    assert out["probe_replication_p50_ape_pct"] == rep_probe["p50"]["ape_pct"]
+    assert out["probe_p99_ape_pct"] == main_probe["p99"]["ape_pct"]
+    assert out["probe_replication_from"] == "call-f/h200_probe_during_resize.json"
+    with pytest.raises(SystemExit, match="field 'probe' is empty"):
+        tool.build(V / "h200_burst_resize.json", main, V, replication=V / "h200_burst_resize.json")

@@ -5,7 +5,10 @@ judge (``h200_burst_resize.json``), probe latency from the held-out call E
 (``call-e/h200_probe_during_resize.json``). ``kvsim validate --out DIR`` combines every judge file
 in one directory; this names the files instead, so the summary says where each figure was made.
 
-    python3 tools/validation_summary.py [--burst FILE] [--probe FILE] [--out FILE]
+    python3 tools/validation_summary.py [--burst FILE] [--probe FILE] [--replication FILE] [--out FILE]
+
+A replication call's probe judge (default ``call-f/``, pre-registered in its PROTOCOL.md) adds
+``probe_replication_*`` beside the main call's probe figures.
 """
 
 from __future__ import annotations
@@ -63,7 +66,23 @@ def _machine_date(probe: Path) -> str:
         raise SystemExit(f"{path}:1: field 'date': cannot read {line!r} as `date` output") from None
 
 
-def build(burst: Path, probe: Path, root: Path, note: str | None = None) -> dict:
+def _replication(path: Path, root: Path) -> dict:
+    """A replication call's probe figures, judged like the main call's, under ``probe_replication_``."""
+    data = json.loads(path.read_text())
+    if not data.get("probe"):
+        raise SystemExit(f"{path}: field 'probe' is empty: not a probe scenario's judge")
+    part = combine([data])
+    out = {f"probe_replication_{k[len('probe_'):]}": part[k]
+           for k in ("probe_p50_ape_pct", "probe_p99_ape_pct", "probe_runs", "probe_p50_equivalent_10pct",
+                     "probe_p99_equivalent_10pct", "probe_p99_measured_ms",
+                     "probe_p99_predicted_ms", "probe_p99_measured_run_ci90_ms")}
+    out["probe_replication_from"] = str(path.relative_to(root))
+    out["probe_replication_date"] = _machine_date(path)
+    return out
+
+
+def build(burst: Path, probe: Path, root: Path, note: str | None = None,
+          replication: Path | None = None) -> dict:
     judged = [json.loads(burst.read_text()), json.loads(probe.read_text())]
     for name, data in zip((burst, probe), judged):
         if "burst_resize" not in data or "scenario" not in data:
@@ -76,6 +95,9 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None) -> dict
     out["probe_from"] = str(probe.relative_to(root))
     out["probe_date"] = _machine_date(probe)
     out["date"] = max(out["copy_and_burst_date"], out["probe_date"])  # the latest measurement
+    if replication is not None:
+        out.update(_replication(replication, root))
+        out["date"] = max(out["date"], out["probe_replication_date"])
     if note:
         out["probe_note"] = note
     out["probe_history"] = {k: _p99(root / f) for k, f in PROBE_HISTORY.items() if (root / f).exists()}
@@ -89,12 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe", type=Path, default=ROOT / V / "call-e" / "h200_probe_during_resize.json")
     ap.add_argument("--out", type=Path, default=ROOT / V / "summary.json")
     ap.add_argument("--note", default=CALL_E_NOTE, help="what summary.json says about the probe runs")
+    ap.add_argument("--replication", type=Path, default=ROOT / V / "call-f" / "h200_probe_during_resize.json",
+                    help="a replication call's probe judge (left out where the file does not exist)")
     args = ap.parse_args(argv)
+    replication = args.replication.resolve() if args.replication.exists() else None
     summary = build(args.burst.resolve(), args.probe.resolve(), args.out.resolve().parent,
-                    args.note)
+                    args.note, replication)
     args.out.write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n")
-    print(json.dumps({k: summary[k] for k in ("copy_batch_median_ape_pct", "burst_resize_ape_pct",
-                                               "probe_p50_ape_pct", "probe_p99_ape_pct")}))
+    print(json.dumps({k: v for k, v in summary.items()
+                      if k.endswith("_ape_pct") and not k.startswith("probe_overlapping")}))
     return 0
 
 

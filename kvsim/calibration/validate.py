@@ -225,6 +225,10 @@ def summary(result: dict) -> dict:
         "probe_overlapping_hold_p99_ape_pct": held.get("p99", {}).get("ape_pct"),
         "probe_overlapping_hold_count": held.get("measured_count"),
         "probe_runs": len(result.get("measured_runs", [])) if probe else None,
+        # The +-10 % equivalence verdicts (90 % interval of measured/predicted over probes inside
+        # [0.9, 1.1]): a point error under 10 % with an interval past the band is not equivalence.
+        "probe_p50_equivalent_10pct": probe.get("p50", {}).get("equivalent_10pct"),
+        "probe_p99_equivalent_10pct": probe.get("p99", {}).get("equivalent_10pct"),
         "probe_p99_measured_ms": probe.get("p99", {}).get("measured_ms"),
         "probe_p99_predicted_ms": probe.get("p99", {}).get("predicted_ms"),
         "probe_p99_measured_run_ci90_ms": probe.get("p99", {}).get("measured_run_bootstrap_ci90_ms"),
@@ -336,7 +340,8 @@ def combine(results: list[dict]) -> dict:
         if r["probe"]:
             for k in ("probe_p50_ape_pct", "probe_p99_ape_pct", "probe_overlapping_hold_p50_ape_pct",
                       "probe_overlapping_hold_p99_ape_pct", "probe_overlapping_hold_count",
-                      "probe_runs", "probe_p99_measured_ms", "probe_p99_predicted_ms",
+                      "probe_runs", "probe_p50_equivalent_10pct", "probe_p99_equivalent_10pct",
+                      "probe_p99_measured_ms", "probe_p99_predicted_ms",
                       "probe_p99_measured_run_ci90_ms"):
                 out[k] = s[k]
         out["date"] = s["date"]

@@ -66,16 +66,22 @@ def _machine_date(probe: Path) -> str:
         raise SystemExit(f"{path}:1: field 'date': cannot read {line!r} as `date` output") from None
 
 
-def _replication(path: Path, root: Path) -> dict:
-    """A replication call's probe figures, judged like the main call's, under ``probe_replication_``."""
+def _judge(path: Path, probe: bool) -> dict:
+    """A ``kvsim validate`` judge file; with ``probe``, one of a probe scenario."""
     data = json.loads(path.read_text())
-    if not data.get("probe"):
+    if "burst_resize" not in data or "scenario" not in data:
+        raise SystemExit(f"{path}: not a kvsim validate judge file (no 'burst_resize'/'scenario')")
+    if probe and not data["probe"]:
         raise SystemExit(f"{path}: field 'probe' is empty: not a probe scenario's judge")
-    part = combine([data])
-    out = {f"probe_replication_{k[len('probe_'):]}": part[k]
-           for k in ("probe_p50_ape_pct", "probe_p99_ape_pct", "probe_runs", "probe_p50_equivalent_10pct",
-                     "probe_p99_equivalent_10pct", "probe_p99_measured_ms",
-                     "probe_p99_predicted_ms", "probe_p99_measured_run_ci90_ms")}
+    return data
+
+
+def _replication(path: Path, root: Path) -> dict:
+    """A replication call's probe figures, judged like the main call's, under ``probe_replication_``
+    (the hold-overlap figures stay with the main call)."""
+    part = combine([_judge(path, probe=True)])
+    out = {f"probe_replication_{k[len('probe_'):]}": v for k, v in part.items()
+           if k.startswith("probe_") and not k.startswith("probe_overlapping")}
     out["probe_replication_from"] = str(path.relative_to(root))
     out["probe_replication_date"] = _machine_date(path)
     return out
@@ -83,12 +89,7 @@ def _replication(path: Path, root: Path) -> dict:
 
 def build(burst: Path, probe: Path, root: Path, note: str | None = None,
           replication: Path | None = None) -> dict:
-    judged = [json.loads(burst.read_text()), json.loads(probe.read_text())]
-    for name, data in zip((burst, probe), judged):
-        if "burst_resize" not in data or "scenario" not in data:
-            raise SystemExit(f"{name}: not a kvsim validate judge file (no 'burst_resize'/'scenario')")
-    if not judged[1]["probe"]:
-        raise SystemExit(f"{probe}: field 'probe' is empty: not a probe scenario's judge")
+    judged = [_judge(burst, probe=False), _judge(probe, probe=True)]
     out = combine(judged)
     out["copy_and_burst_from"] = str(burst.relative_to(root))
     out["copy_and_burst_date"] = _copy_bench_date(judged[0])
@@ -100,8 +101,9 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
         out["date"] = max(out["date"], out["probe_replication_date"])
     if note:
         out["probe_note"] = note
-    out["probe_history"] = {k: _p99(root / f) for k, f in PROBE_HISTORY.items() if (root / f).exists()}
-    out["probe_history_files"] = {k: f for k, f in PROBE_HISTORY.items() if (root / f).exists()}
+    files = {k: f for k, f in PROBE_HISTORY.items() if (root / f).exists()}
+    out["probe_history"] = {k: _p99(root / f) for k, f in files.items()}
+    out["probe_history_files"] = files
     return out
 
 

@@ -9,6 +9,7 @@ from functools import lru_cache
 
 from kvsim.errors import KvsimError
 from kvsim.hardware import HardwareSpec, load_hardware
+from kvsim.output_dir import OutputDirError, open_output_dir
 from kvsim.sim.copy_paths import PATHS, CopyRequest, estimate
 
 FIELDS = ("hardware", "path", "direction", "page_bytes", "pages", "ctas", "inflight_bytes",
@@ -78,12 +79,16 @@ def _run_compare(args: argparse.Namespace) -> int:
         return 2
     try:
         hw = load_hardware(args.hardware)
+        out = open_output_dir(args.out or f"reports/copy-model-{hw.name}",
+                              "--out" if args.out else "the report directory")
         measurement = json.loads(Path(args.compare).read_text())
         rows = compare(hw, observations(measurement))
+    except OutputDirError as e:
+        print(f"kvsim copy-model: {e}", file=sys.stderr)
+        return 2
     except (KvsimError, OSError, ValueError, KeyError) as e:
         print(f"kvsim copy-model: {args.compare}: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or f"reports/copy-model-{hw.name}")
     stats = write_comparison(hw, rows, args.compare, out)
     print(json.dumps({"hardware": hw.name, "report": str(out / "README.md"), **stats},
                      sort_keys=True))

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 from kvsim.errors import KvsimError
+from kvsim.manager.limits import MAX_SLOTS, MAX_TOKENS_PER_BLOCK
+from kvsim.output_dir import ReplacedDir
 
 FORMATS = ("mooncake",)
 DEFAULT_OUT = "reports/replay-cache"
@@ -88,14 +90,12 @@ def _draw(curve: dict, path: Path, title: str) -> None:
 
 
 def write_report(curve: dict, meta: dict, out_dir: Path) -> None:
-    """``results.json`` (the curve plus ``meta``) and ``hit_rate.png``, written atomically."""
-    from kvsim.report.atomic import atomic_directory
-
-    with atomic_directory(out_dir) as tmp:
-        (tmp / "results.json").write_text(json.dumps(curve | meta, indent=1, sort_keys=True) + "\n")
-        title = (f"Cache-only replay of {Path(meta['trace']).name} "
-                 f"({meta['tokens_per_block']} tokens/block)")
-        _draw(curve, tmp / "hit_rate.png", title)
+    """``results.json`` (the curve plus ``meta``) and ``hit_rate.png`` into ``out_dir``."""
+    (out_dir / "results.json").write_text(json.dumps(curve | meta, indent=1, sort_keys=True,
+                                                     allow_nan=False) + "\n")
+    title = (f"Cache-only replay of {Path(meta['trace']).name} "
+             f"({meta['tokens_per_block']} tokens/block)")
+    _draw(curve, out_dir / "hit_rate.png", title)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,11 +106,18 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"kvsim replay-cache: {message}", file=sys.stderr, flush=True)
 
-    if args.tokens_per_block < 1:
-        print("kvsim replay-cache: --tokens-per-block must be >= 1", file=sys.stderr)
-        return 2
+    out = args.out or (DEFAULT_OUT if len(args.capacity_tokens) > 1 else None)
     t0 = time.perf_counter()
     try:
+        if not 1 <= args.tokens_per_block <= MAX_TOKENS_PER_BLOCK:
+            raise KvsimError(f"--tokens-per-block {args.tokens_per_block}: must be in "
+                             f"[1, {MAX_TOKENS_PER_BLOCK}]")
+        for capacity in args.capacity_tokens:
+            if capacity // args.tokens_per_block > MAX_SLOTS:
+                raise KvsimError(f"--capacity-tokens {capacity}: {capacity // args.tokens_per_block}"
+                                 f" blocks of {args.tokens_per_block} tokens; at most {MAX_SLOTS} "
+                                 "(kvsim.manager.limits)")
+        target = None if out is None else ReplacedDir(out)
         trace = load_mooncake(args.trace, skip_bad_lines=args.skip_bad_lines)
     except KvsimError as e:
         print(f"kvsim replay-cache: {e}", file=sys.stderr)
@@ -127,12 +134,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvsim replay-cache: {e}", file=sys.stderr)
         return 2
     say(f"infinite-cache maximum hit rate {curve['max_hit_rate']:.4f}")
-    out = args.out or (DEFAULT_OUT if len(args.capacity_tokens) > 1 else None)
-    if out:
+    if target is not None:
         meta = {"trace": str(args.trace), "format": args.format,
                 "tokens_per_block": args.tokens_per_block, "requests": len(trace),
                 "skipped_lines": trace.skipped_lines}
-        write_report(curve, meta, Path(out))
+        try:
+            with target as staging:
+                write_report(curve, meta, staging)
+        except KvsimError as e:
+            print(f"kvsim replay-cache: {e}", file=sys.stderr)
+            return 2
         say(f"wrote {Path(out) / 'results.json'} and {Path(out) / 'hit_rate.png'}")
     if args.json:
         print(json.dumps(curve, sort_keys=True))

@@ -87,7 +87,7 @@ def test_resize_grows_and_shrinks_pages(mgr):
 
 
 @pytest.mark.parametrize("args, message", [
-    ((-1,), "capacity must be >= 0"),
+    ((-1,), r"capacity must be in \[0, 67108864\] tokens"),
     ((2.5,), "capacity must be an integer"),
     ((True,), "capacity must be an integer"),
     ((4, 8), "capacity 4 is below history_length 8"),

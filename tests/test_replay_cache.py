@@ -189,7 +189,8 @@ def test_cli_several_capacities_write_curve_and_results_deterministically(tmp_pa
         out = tmp_path / name
         assert main(["replay-cache", str(SAMPLE), "--capacity-tokens", "4k,8192,16K,1M",
                      "--out", str(out)]) == 0
-        assert sorted(p.name for p in out.iterdir()) == ["hit_rate.png", "results.json"]
+        assert sorted(p.name for p in out.iterdir()) == [".kvsim-output", "hit_rate.png",
+                                                         "results.json"]
         outs.append(out)
     for f in ("hit_rate.png", "results.json"):
         assert (outs[0] / f).read_bytes() == (outs[1] / f).read_bytes()

@@ -52,7 +52,8 @@ def test_small_scenario_runs_and_writes_a_complete_report(tmp_path):
     results = execute(load_scenario(write(tmp_path, SMALL)))
     write_results(results, out)
     assert sorted(p.name for p in out.iterdir()) == [
-        "calls.csv", "migrations.png", "occupancy.png", "report.md", "results.json"]
+        ".kvsim-output", "calls.csv", "migrations.png", "occupancy.png", "report.md",
+        "results.json"]
     saved = json.loads((out / "results.json").read_text())
     for key in ("scenario", "executor", "api", "offload", "onboard", "reuse", "lock",
                 "deadlocks", "violations"):
@@ -81,7 +82,8 @@ def test_a_different_seed_changes_the_filler_tokens_only(tmp_path):
 
 
 @pytest.mark.parametrize("old, new, message", [
-    ("  tokens_per_block: 4", "  tokens_per_block: -4", r"s.yaml:4: manager.tokens_per_block: must be >= 1"),
+    ("  tokens_per_block: 4", "  tokens_per_block: -4",
+     r"s.yaml:4: manager.tokens_per_block: must be in \[1, 65536\], got -4"),
     ("    - {name: gpu, quota_bytes: 64 KiB}", "    - {name: gpu, quota_bytes: -3}",
      r"s.yaml:10: manager.levels.0.quota_bytes: must be >= 0, got -3"),
     ("  history_tokens: 40", "  history_tokens: 40\n  colour: red",
@@ -89,7 +91,7 @@ def test_a_different_seed_changes_the_filler_tokens_only(tmp_path):
     ("  history_tokens: 40", "  history_tokens: forty",
      r"s.yaml:14: workload.history_tokens: must be an integer"),
     ("    - {name: gpu, quota_bytes: 64 KiB}", "    - {name: gpu, quota_bytes: 1 KiB}",
-     r"manager.levels: the GPU level's quota holds no page"),
+     r"s.yaml:10: manager.levels.0.quota_bytes: level 'gpu' holds no page of pool group 0"),
     ("  kind: burst_resize", "  kind: teleport", r"workload.kind: must be one of burst_resize"),
     ("seed: 3", "seed: 3\nseed: 4", r"s.yaml:3: seed: duplicate key"),
     ("      window_tokens: 16", "      window_tokens: 16\n      sink_tokens: 2.5",
@@ -111,7 +113,7 @@ def test_malformed_and_empty_yaml(tmp_path):
         load_scenario(write(tmp_path, "", "empty.yaml"))
     with pytest.raises(ScenarioError, match="cannot read"):
         load_scenario(tmp_path / "missing.yaml")
-    with pytest.raises(ScenarioError, match="no field 'nope.x.y'"):
+    with pytest.raises(ScenarioError, match=r"--set nope.x.y=1: the scenario has no field 'nope'"):
         load_scenario(write(tmp_path, SMALL), ["nope.x.y=1"])
 
 

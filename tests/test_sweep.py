@@ -201,9 +201,12 @@ def test_report_from_a_table(local_run, tmp_path):
     df.loc[0, "status"] = "error"
     df.loc[0, "error"] = "ValueError: synthetic"
     df.to_parquet(tmp_path / "t.parquet", index=False)
+    # the table's directory is not kvsim's: the report goes elsewhere, or nowhere
+    assert main(["sweep-report", str(tmp_path / "t.parquet"), "--quiet"]) == 2
+    assert not (tmp_path / "report.md").exists()
     assert main(["sweep-report", str(tmp_path / "t.parquet"), "--latency-target-ms", "1000",
-                 "--quiet"]) == 0
-    text = (tmp_path / "report.md").read_text()
+                 "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
     for fig in ("hit_rate_vs_host.png", "probe_p99_vs_interval.png", "pareto.png"):
-        assert fig in text and (tmp_path / fig).exists()
+        assert fig in text and (tmp_path / "r" / fig).exists()
     assert "Cheapest configuration meeting 1000 ms" in text and "synthetic" in text

@@ -24,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kvsim.calibration import cpu_fit, gil_handover, host_overhead
+from kvsim.errors import KvsimError
+from kvsim.output_dir import open_output_dir
 
 
 def add_parser(sub) -> None:
@@ -52,8 +54,11 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.quiet else (lambda m: print(f"kvsim calibrate: {m}", file=sys.stderr))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out = open_output_dir(args.out)
+    except KvsimError as e:
+        print(f"kvsim calibrate: {e}", file=sys.stderr)
+        return 2
     host = platform.node() or "host"
     name = args.name or f"kvsim-python-{host}"
     if args.measure_copies:

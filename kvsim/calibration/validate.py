@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.errors import KvsimError
+from kvsim.output_dir import MARKER, MARKER_TEXT, OutputDirError, is_kvsim_dir, open_output_dir
 
 
 def ape(pred: float, meas: float) -> float:
@@ -263,19 +264,23 @@ def _pack_large(run_dir: Path, limit: int = 256 * 1024) -> None:
 def run(args: argparse.Namespace) -> int:
     dirs = [Path(d) for d in args.measured]
     try:
+        out = open_output_dir(args.out)
+        for d in dirs:
+            dst = out / "measured" / d.name
+            if dst.exists() and dst.resolve() != d.resolve() and not is_kvsim_dir(dst):
+                raise OutputDirError(f"--out {out}: {dst} exists and was not written by kvsim")
         result = validate(args.scenario, dirs, args.hardware, args.cpu_model, args.copy_measurement)
     except (KvsimError, OSError, ValueError, KeyError) as e:
         print(f"kvsim validate: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     for d in dirs:
         dst = out / "measured" / d.name
         if dst.resolve() == d.resolve():
             continue  # validated where it lies already
         if dst.exists():
-            shutil.rmtree(dst)
+            shutil.rmtree(dst)  # a copy this command made before (checked above)
         shutil.copytree(d, dst)
+        (dst / MARKER).write_text(MARKER_TEXT)
         _pack_large(dst)
     samples = result.pop("_samples")
     _figures(result, samples, out)

@@ -14,15 +14,24 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from kvsim.errors import ConfigError
+from kvsim.manager.limits import (
+    MAX_LAYERS,
+    MAX_SEQUENCE_TOKENS,
+    MAX_SLOT_BYTES,
+    MAX_SLOTS,
+    MAX_TOKENS_PER_BLOCK,
+)
 
 StatsCommit = Literal["per_batch", "per_page"]
 
 
-def _require_int(name: str, value: object, minimum: int) -> int:
+def _require_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name} must be <= {maximum} (kvsim.manager.limits), got {value}")
     return value
 
 
@@ -43,10 +52,10 @@ class LayerConfig:
         if not isinstance(self.slot_bytes, tuple) or not self.slot_bytes:
             raise ConfigError(f"slot_bytes must be a non-empty tuple, got {self.slot_bytes!r}")
         for b in self.slot_bytes:
-            _require_int("slot_bytes entry", b, 1)
+            _require_int("slot_bytes entry", b, 1, MAX_SLOT_BYTES)
         if self.window_tokens is not None:
-            _require_int("window_tokens", self.window_tokens, 1)
-        _require_int("sink_tokens", self.sink_tokens, 0)
+            _require_int("window_tokens", self.window_tokens, 1, MAX_SEQUENCE_TOKENS)
+        _require_int("sink_tokens", self.sink_tokens, 0, MAX_SEQUENCE_TOKENS)
         if self.window_tokens is None and self.sink_tokens:
             raise ConfigError("sink_tokens only applies to sliding-window layers (window_tokens set)")
 
@@ -84,9 +93,12 @@ class ManagerConfig:
     probe_drains_root_erasures: bool = False
 
     def __post_init__(self) -> None:
-        _require_int("tokens_per_block", self.tokens_per_block, 1)
+        _require_int("tokens_per_block", self.tokens_per_block, 1, MAX_TOKENS_PER_BLOCK)
         if not isinstance(self.layers, tuple) or not self.layers:
             raise ConfigError("layers must be a non-empty tuple of LayerConfig")
+        if len(self.layers) > MAX_LAYERS:
+            raise ConfigError(f"at most {MAX_LAYERS} layers (kvsim.manager.limits), "
+                              f"got {len(self.layers)}")
         if not isinstance(self.levels, tuple) or not self.levels:
             raise ConfigError("levels must be a non-empty tuple of LevelConfig (GPU first)")
         if len(self.levels) > 3:
@@ -196,7 +208,12 @@ class StorageLayout:
             total = _require_int(f"quota for level {level_name!r}", quota, 0)
             weights = [g.page_bytes * len(g.life_cycles) for g in groups]
             per_group = [total * w // sum(weights) for w in weights]
-        return tuple(q // g.page_bytes for q, g in zip(per_group, groups))
+        slots = tuple(q // g.page_bytes for q, g in zip(per_group, groups))
+        for g, n in enumerate(slots):
+            if n > MAX_SLOTS:
+                raise ConfigError(f"quota for level {level_name!r} gives pool group {g} {n} pages; "
+                                  f"at most {MAX_SLOTS} (kvsim.manager.limits)")
+        return slots
 
     @classmethod
     def from_config(cls, config: ManagerConfig) -> StorageLayout:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvsim.errors import InvalidArgumentError, InvalidStateError, OutOfPagesError
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.manager.radix_tree import Node
 
 if TYPE_CHECKING:
@@ -49,10 +50,12 @@ def as_tokens(tokens: object, what: str = "tokens") -> np.ndarray:
 
 
 def require_size(name: str, value: object) -> int:
+    """A token count: an integer in [0, MAX_SEQUENCE_TOKENS]."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
-    if value < 0:
-        raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
+    if not 0 <= value <= MAX_SEQUENCE_TOKENS:
+        raise InvalidArgumentError(f"{name} must be in [0, {MAX_SEQUENCE_TOKENS}] tokens "
+                                   f"(kvsim.manager.limits), got {value}")
     return int(value)
 
 

@@ -8,6 +8,7 @@ call that raises or returns False leaves the manager exactly as it was.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import weakref
@@ -27,6 +28,7 @@ from kvsim.errors import (
 )
 from kvsim.manager.config import LifeCycle, ManagerConfig, StorageLayout
 from kvsim.manager.kv_cache import CacheStatus, KvCache, PlannedDrop, PriorityCallback, as_tokens
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.manager.pages import NO_PAGE
 from kvsim.manager.plan import Plan
 from kvsim.manager.radix_tree import Node, RadixTree, Root, block_key
@@ -77,17 +79,30 @@ class KVCacheManager:
     # -- plumbing -------------------------------------------------------------------------------
     @contextmanager
     def _api(self, name: str) -> Iterator[Plan]:
+        """One public call: its plan, and the promise that a call that raises changes nothing.
+
+        Calls validate before they mutate, so bad arguments and refusals raise before any
+        change. The event sink is user code that may raise too: it runs after the call has
+        completed, on the events the call queued, and when it raises the manager is put back
+        as it was before the call (a snapshot taken at entry, only when a sink is set).
+        """
         if self._is_shut_down:
             raise InvalidStateError(f"{name}(): the manager is shut down")
         plan = Plan(name)
+        saved = _Snapshot(self) if self.event_sink is not None else None
         try:
             yield plan
+            if plan.ok:
+                self._tick += 1
+            if saved is not None:
+                for event in plan.events:
+                    self.event_sink(event)
         except BaseException:
+            if saved is not None:
+                saved.restore()
             plan.ok = False
             self.last_plan = plan
             raise
-        if plan.ok:
-            self._tick += 1
         self.last_plan = plan
 
     @property
@@ -111,7 +126,7 @@ class KVCacheManager:
     def _emit(self, event: dict, plan: Plan) -> None:
         if self.event_sink is not None:
             plan.counts.events_emitted += 1
-            self.event_sink(event)
+            plan.events.append(event)
 
     def _priorities(self, callback: PriorityCallback | None, ordinals: np.ndarray, lc: int,
                     plan: Plan) -> np.ndarray:
@@ -245,6 +260,14 @@ class KVCacheManager:
             toks = as_tokens(input_tokens, "input_tokens")
             if priority_callback is not None and not callable(priority_callback):
                 raise InvalidArgumentError("priority_callback must be callable or None")
+            try:
+                hash(cache_id)
+            except TypeError:
+                raise InvalidArgumentError(
+                    f"cache_id must be hashable (a string or an integer), got {cache_id!r}") from None
+            if toks.size > MAX_SEQUENCE_TOKENS:
+                raise InvalidArgumentError(f"input_tokens holds {toks.size} tokens; at most "
+                                           f"{MAX_SEQUENCE_TOKENS} (kvsim.manager.limits)")
             if cache_id is None:
                 cache_id = self._next_cache_id
                 while cache_id in self._caches:
@@ -726,3 +749,33 @@ class KVCacheManager:
     def get_and_reset_iteration_stats(self) -> dict:
         with self._api("KVCacheManager.get_and_reset_iteration_stats"):
             return self.stats.take_iteration(self.layout.level_names)
+
+
+class _Snapshot:
+    """The manager's state at one moment, to put back after a call that raised.
+
+    A deep copy of everything the manager owns (page table, slot allocators, eviction index,
+    radix tree, statistics, counters) and of each open cache's fields; the caches themselves,
+    the configuration and the sink are shared, so handles the caller holds stay valid.
+    """
+
+    def __init__(self, manager: KVCacheManager) -> None:
+        self.manager = manager
+        self.caches = list(manager._caches.items())
+        memo = {id(manager): manager, id(manager.config): manager.config,
+                id(manager.layout): manager.layout, id(manager.event_sink): manager.event_sink}
+        memo.update({id(c): c for _, c in self.caches})
+        owned = {k: v for k, v in vars(manager).items() if k not in _SHARED_FIELDS}
+        fields = [{k: v for k, v in vars(c).items() if k != "_manager"} for _, c in self.caches]
+        self.owned, self.fields = copy.deepcopy((owned, fields), memo)
+
+    def restore(self) -> None:
+        m = self.manager
+        vars(m).update(self.owned)
+        m._caches = weakref.WeakValueDictionary(self.caches)
+        for (_, cache), fields in zip(self.caches, self.fields):
+            vars(cache).update(fields)
+
+
+# Not copied by a snapshot: fixed at construction, or the call's output.
+_SHARED_FIELDS = frozenset({"config", "layout", "event_sink", "last_plan", "_caches"})

@@ -104,6 +104,9 @@ class Plan:
     ok: bool = True
     copies: list[CopyBatch] = field(default_factory=list)
     counts: WorkCounts = field(default_factory=WorkCounts)
+    # Events the call produced, in order; handed to the manager's event sink once the call has
+    # completed (KVCM2 likewise queues its events and publishes them afterwards).
+    events: list[dict] = field(default_factory=list)
 
     @property
     def offloaded_pages(self) -> int:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.run import ScenarioFile, execute, load_scenario_file, variant_scenario
+from kvsim.scenario.run import ScenarioFile, execute, load_scenario_file
 from kvsim.scenario.schema import Scenario
 
 
@@ -36,15 +36,16 @@ def schedule_seeds(seed: int, count: int) -> list[int]:
 def explore(sf: ScenarioFile, schedules: int, seed: int = 0,
             progress: Callable[[str], None] | None = None) -> dict:
     runs: list[tuple[str, Scenario]] = (
-        [(v.name, variant_scenario(sf, v)) for v in sf.base.variants]
+        [(v.name, scenario) for v, scenario in sf.variants]
         if sf.base.variants else [("base", sf.base)])
-    seeds = schedule_seeds(seed, schedules)
-    out: dict = {"scenario": sf.base.name, "file": sf.base.source_file, "schedules": schedules,
-                 "seed": seed, "variants": {}}
     for name, scenario in runs:
         if scenario.executor != "sim":
             raise KvsimError(f"explore needs executor: sim (variant {name!r} uses "
                              f"{scenario.executor!r})")
+    seeds = schedule_seeds(seed, schedules)
+    out: dict = {"scenario": sf.base.name, "file": sf.base.source_file, "schedules": schedules,
+                 "seed": seed, "variants": {}}
+    for name, scenario in runs:
         failing = []
         for i, s in enumerate(seeds):
             res = execute(_with_seed(scenario, s))
@@ -67,19 +68,23 @@ def explore(sf: ScenarioFile, schedules: int, seed: int = 0,
 def add_parser(sub) -> None:
     p = sub.add_parser("explore", help="re-run a scenario under many seeded schedules")
     p.add_argument("scenario")
-    p.add_argument("--schedules", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--schedules", type=int, default=200,
+                   help="how many seeded schedules to run per variant (default 200)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the schedule seeds (default 0)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a scenario field, e.g. --set sim.jitter=0.2")
+    p.add_argument("--json", action="store_true", help="print the findings as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.quiet else (lambda m: print(f"kvsim explore: {m}", file=sys.stderr))
     try:
-        if args.schedules < 1:
-            raise KvsimError("--schedules must be >= 1")
+        if not 1 <= args.schedules <= 100_000:
+            raise KvsimError(f"--schedules {args.schedules}: must be in [1, 100000]")
+        if not 0 <= args.seed < 2**63:
+            raise KvsimError(f"--seed {args.seed}: must be in [0, 2**63)")
         result = explore(load_scenario_file(args.scenario, args.set), args.schedules, args.seed,
                          progress=say)
     except KvsimError as e:

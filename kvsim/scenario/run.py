@@ -23,6 +23,7 @@ import copy
 import csv
 import io
 import json
+import math
 import statistics
 import sys
 import time
@@ -35,7 +36,7 @@ from kvsim.errors import KvsimError
 from kvsim.manager import KVCacheManager
 from kvsim.manager.invariants import find_violations
 from kvsim.scenario.schema import Scenario, Variant, parse_scenario
-from kvsim.scenario.source import ScenarioError, Source, apply_overrides, load_yaml
+from kvsim.scenario.source import Source, apply_overrides, load_yaml
 from kvsim.workloads import (
     burst_resize,
     concurrent_probe,
@@ -54,18 +55,26 @@ CSV_FIELDS = ("index", "thread", "phase", "api", "ok", "start_ms", "latency_ms",
 
 @dataclass
 class ScenarioFile:
+    """A loaded scenario file: its data, where each value came from, the scenario as written
+    and each variant's scenario (all validated when the file is loaded)."""
+
     data: dict
     source: Source
     base: Scenario
+    variants: tuple[tuple[Variant, Scenario], ...] = ()
 
 
 def load_scenario_file(path: str | Path, overrides: list[str] | None = None) -> ScenarioFile:
+    """Load, override and validate a scenario file and every variant; raises ScenarioError
+    naming the file, line and field (or the option) of the first problem."""
     data, source = load_yaml(path)
     if not isinstance(data, dict):
         raise source.error((), "must be a mapping")
     if overrides:
         apply_overrides(data, source, overrides)
-    return ScenarioFile(data, source, parse_scenario(data, source))
+    sf = ScenarioFile(data, source, parse_scenario(data, source))
+    sf.variants = tuple((v, variant_scenario(sf, v)) for v in sf.base.variants)
+    return sf
 
 
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
@@ -73,25 +82,30 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scena
 
 
 def variant_scenario(sf: ScenarioFile, variant: Variant) -> Scenario:
+    """The scenario with ``variant``'s overrides applied; an error in what an override set is
+    blamed on that override's line."""
     data = copy.deepcopy(sf.data)
     data.pop("variants", None)
+    source = Source(sf.source.filename, dict(sf.source.lines), dict(sf.source.options))
     for dotted, value in variant.overrides:
+        here = ("variants", variant.name, "set", dotted)
+        line = sf.source.line_of(here)
         keys: list[Any] = [int(k) if k.isdigit() else k for k in str(dotted).split(".")]
         target: Any = data
         for k in keys[:-1]:
             if isinstance(target, dict):
                 target = target.setdefault(k, {})
+            elif isinstance(target, list) and isinstance(k, int) and k < len(target):
+                target = target[k]
             else:
-                try:
-                    target = target[k]
-                except (IndexError, TypeError):
-                    raise sf.source.error(("variants", variant.name, "set", dotted),
-                                          "no such field in the scenario") from None
-        target[keys[-1]] = value
-    try:
-        return parse_scenario(data, sf.source)
-    except ScenarioError as e:
-        raise ScenarioError(f"variant {variant.name!r}: {e}") from None
+                raise sf.source.error(here, "no such field in the scenario")
+        if isinstance(target, dict) or (isinstance(target, list) and isinstance(keys[-1], int)
+                                        and keys[-1] < len(target)):
+            target[keys[-1]] = value
+        else:
+            raise sf.source.error(here, "no such field in the scenario")
+        source.options[tuple(keys)] = f"{sf.source.filename}:{line}: variant {variant.name!r}"
+    return parse_scenario(data, source)
 
 
 WORKLOAD_BUILDERS = {
@@ -449,12 +463,12 @@ def variant_summary(results: dict, variant: Variant | None) -> dict:
 def run_scenario(sf: ScenarioFile, progress=None) -> dict:
     """The scenario as written, plus each variant's summary."""
     results = execute(sf.base, progress)
-    if sf.base.variants:
+    if sf.variants:
         results["variants"] = {}
-        for i, variant in enumerate(sf.base.variants):
+        for i, (variant, scenario) in enumerate(sf.variants):
             if progress is not None:
-                progress(f"variant {i + 1}/{len(sf.base.variants)}: {variant.name}")
-            v_results = execute(variant_scenario(sf, variant))
+                progress(f"variant {i + 1}/{len(sf.variants)}: {variant.name}")
+            v_results = execute(scenario)
             summary = variant_summary(v_results, variant)
             results["variants"][variant.name] = summary
             results.setdefault("_variant_results", {})[variant.name] = v_results
@@ -477,47 +491,117 @@ def public(results: dict) -> dict:
     return {k: v for k, v in results.items() if not k.startswith("_")}
 
 
-def write_results(results: dict, out_dir: Path) -> None:
-    """Write results.json, calls.csv and the report into ``out_dir``, atomically."""
-    from kvsim.report.atomic import atomic_directory
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def results_json(results: dict) -> str:
+    """``results`` as strict JSON (no NaN or Infinity), keys sorted: byte-identical per seed."""
+    return json.dumps(_finite(public(results)), indent=1, sort_keys=True, allow_nan=False) + "\n"
+
+
+def write_results_into(results: dict, out_dir: Path) -> None:
+    """Write results.json, calls.csv, the variants and the report into ``out_dir``."""
     from kvsim.report.scenario_report import write_report
 
-    with atomic_directory(Path(out_dir)) as tmp:
-        (tmp / "results.json").write_text(json.dumps(public(results), indent=1, sort_keys=True) + "\n")
-        (tmp / "calls.csv").write_text(_calls_csv(results))
-        for name, v_results in results.get("_variant_results", {}).items():
-            vdir = tmp / "variants" / name
-            vdir.mkdir(parents=True)
-            (vdir / "results.json").write_text(
-                json.dumps(public(v_results), indent=1, sort_keys=True) + "\n")
-            write_report(v_results, vdir)
-        write_report(results, tmp)
+    (out_dir / "results.json").write_text(results_json(results))
+    (out_dir / "calls.csv").write_text(_calls_csv(results))
+    for name, v_results in results.get("_variant_results", {}).items():
+        vdir = out_dir / "variants" / name
+        vdir.mkdir(parents=True)
+        (vdir / "results.json").write_text(results_json(v_results))
+        write_report(v_results, vdir)
+    write_report(results, out_dir)
+
+
+def write_results(results: dict, out_dir: Path) -> None:
+    """Write the results directory ``out_dir``, replacing an earlier kvsim output atomically
+    (:class:`kvsim.output_dir.ReplacedDir`)."""
+    from kvsim.output_dir import ReplacedDir
+
+    with ReplacedDir(out_dir) as staging:
+        write_results_into(results, staging)
+
+
+def missing_requirement(scenario: Scenario) -> str | None:
+    """What this machine lacks to run ``scenario`` (one line saying how to get it), or None."""
+    import importlib.util
+
+    if scenario.executor == "hw" and scenario.hw.copier == "cuda":
+        for module, what in (("cupy", "CuPy"), ("pynvml", "NVML's Python bindings")):
+            if importlib.util.find_spec(module) is None:
+                return (f"executor hw with hw.copier cuda needs {what} and an NVIDIA GPU; "
+                        f"{module} is not installed: pip install -e '.[hw]' on a GPU machine "
+                        "(or --set hw.copier=none: real threads and lock, no copies)")
+    return None
+
+
+def failed_calls(results: dict) -> dict[str, int]:
+    """Failed calls per API, setup included, over the run and its variants."""
+    counts: dict[str, int] = {}
+    runs = [results, *results.get("_variant_results", {}).values()]
+    for run in runs:
+        for c in run["calls"]:
+            if not c["ok"]:
+                counts[c["api"]] = counts.get(c["api"], 0) + 1
+        for c in run.get("setup_failures", []):
+            counts[c["api"]] = counts.get(c["api"], 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def run_scenario_cli(args: argparse.Namespace) -> int:
+    """``kvsim run``: everything is checked (the file, every variant, the presets, what the
+    machine needs, the output directory) before the run starts; exit 2 on bad input, 1 when the
+    run found invariant violations or failed calls the scenario does not expect, else 0."""
+    from kvsim.output_dir import ReplacedDir
+
     try:
         overrides = list(args.set) + (["hw.verify=true"] if getattr(args, "verify", False) else [])
         if getattr(args, "record_trace", None):
             overrides.append(f"hw.record_trace={args.record_trace}")
         sf = load_scenario_file(args.scenario, overrides)
+        for scenario in (sf.base, *(s for _, s in sf.variants)):
+            missing = missing_requirement(scenario)
+            if missing:
+                raise KvsimError(f"{args.scenario}: {missing}")
+        if sf.base.hw.record_trace:
+            from kvsim.traces.op_trace import check_trace_target
+
+            check_trace_target(sf.base.hw.record_trace, "--record-trace")
+        out = Path(args.out) if args.out else Path("reports") / sf.base.name
+        target = ReplacedDir(out, "--out" if args.out else "the report directory")
     except KvsimError as e:
         print(f"kvsim run: {e}", file=sys.stderr)
         return 2
     scenario = sf.base
-    out = Path(args.out) if args.out else Path("reports") / scenario.name
     say = (lambda m: None) if args.quiet else (lambda m: print(f"kvsim run: {m}", file=sys.stderr))
     say(f"{scenario.name} ({scenario.executor} executor"
         + (f", {len(scenario.variants)} variants)" if scenario.variants else ")"))
     try:
-        results = run_scenario(sf, progress=say)
+        with target as staging:
+            results = run_scenario(sf, progress=say)
+            write_results_into(results, staging)
     except KvsimError as e:
         print(f"kvsim run: {e}", file=sys.stderr)
         return 2
-    write_results(results, out)
     if args.json:
-        print(json.dumps({k: v for k, v in public(results).items() if k != "calls"},
-                         sort_keys=True))
+        print(json.dumps(_finite({k: v for k, v in public(results).items() if k != "calls"}),
+                         sort_keys=True, allow_nan=False))
+    failed = failed_calls(results)
+    unexpected = {api: n for api, n in failed.items() if api not in scenario.expect_failures}
     say(f"{len(results['calls'])} calls, {results['offload']['pages']} pages offloaded, "
         f"{len(results['violations'])} invariant violations, {len(results['deadlocks'])} "
         f"deadlocks; report in {out}/report.md")
-    return 1 if results["violations"] else 0
+    if unexpected:
+        listed = ", ".join(f"{api} x{n}" for api, n in unexpected.items())
+        print(f"kvsim run: {sum(unexpected.values())} call(s) failed that the scenario does not "
+              f"expect ({listed}); see calls.csv (declare expected ones in expect_failures)",
+              file=sys.stderr)
+    return 1 if results["violations"] or unexpected else 0

@@ -84,12 +84,19 @@ Schema (``*`` = required)::
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from kvsim.errors import ConfigError
 from kvsim.manager.config import LayerConfig, LevelConfig, ManagerConfig, StorageLayout
+from kvsim.manager.limits import (
+    MAX_LAYERS,
+    MAX_SEQUENCE_TOKENS,
+    MAX_SLOT_BYTES,
+    MAX_TOKENS_PER_BLOCK,
+)
 from kvsim.scenario.source import PathKey, Source
 from kvsim.workloads.burst_resize import BurstResizeWorkload
 from kvsim.workloads.concurrent_probe import ConcurrentProbeWorkload
@@ -99,6 +106,10 @@ from kvsim.workloads.op_trace import OpTraceWorkload
 from kvsim.workloads.seed_concurrency import SeedConcurrencyWorkload
 
 _REQUIRED = object()
+MAX_BYTES = 1 << 62  # any byte count (sizes are also bounded by kvsim.manager.limits)
+MAX_COUNT = 10**7  # threads' call counts (probes, queries, iterations): a run of days at most
+MAX_THREADS = 1024
+MAX_SEED = 2**63 - 1
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 EXECUTORS = ("plan", "sim", "hw")
@@ -119,8 +130,9 @@ class Fields:
                                f"unknown key (allowed: {', '.join(sorted(allowed))})")
         self.data, self.source, self.path = data, source, path
 
-    def error(self, key: str | int, message: str) -> ConfigError:
-        return self.source.error(self.path + (key,), message)
+    def error(self, key: str | int | tuple, message: str) -> ConfigError:
+        """An error at ``key`` (or a tuple of keys below this mapping)."""
+        return self.source.error(self.path + (key if isinstance(key, tuple) else (key,)), message)
 
     def raw(self, key: str, default: Any = _REQUIRED) -> Any:
         if key not in self.data or self.data[key] is None:
@@ -130,12 +142,12 @@ class Fields:
         return self.data[key]
 
     def int(self, key: str, default: Any = _REQUIRED, minimum: int = 0,
-            maximum: int | None = None) -> int:
+            maximum: int = MAX_SEED) -> int:
         value = self.raw(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key, f"must be an integer, got {value!r}")
-        if value < minimum or (maximum is not None and value > maximum):
-            bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        if value < minimum or value > maximum:
+            bound = f">= {minimum}" if maximum == MAX_SEED else f"in [{minimum}, {maximum}]"
             raise self.error(key, f"must be {bound}, got {value}")
         return value
 
@@ -144,6 +156,8 @@ class Fields:
         value = self.raw(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.error(key, f"must be a number, got {value!r}")
+        if not math.isfinite(value):
+            raise self.error(key, f"must be a finite number, got {value!r}")
         if value > high or value < low or (low_open and value == low):
             bracket = "(" if low_open else "["
             raise self.error(key, f"must be in {bracket}{low}, {high}], got {value}")
@@ -177,6 +191,8 @@ class Fields:
             raise self.error(key, f"must be a byte count, got {value!r}")
         if value < 0:
             raise self.error(key, f"must be >= 0, got {value}")
+        if value > MAX_BYTES:
+            raise self.error(key, f"must be at most 2**62 bytes, got {value}")
         return value
 
     def sub(self, key: str, allowed: set[str]) -> Fields:
@@ -237,6 +253,9 @@ class Scenario:
     sim: SimSettings = SimSettings()
     hw: HwSettings = HwSettings()
     variants: tuple[Variant, ...] = ()
+    # APIs whose failed calls the scenario expects (a bug reproduction, a deliberate overload);
+    # any other failed call makes `kvsim run` say so and exit non-zero.
+    expect_failures: tuple[str, ...] = ()
 
 
 def _manager(f: Fields) -> ManagerConfig:
@@ -245,23 +264,32 @@ def _manager(f: Fields) -> ManagerConfig:
         raw_slots = lf.raw("slot_bytes")
         if not isinstance(raw_slots, list) or not raw_slots:
             raise lf.error("slot_bytes", "must be a non-empty list of byte counts")
+        if len(raw_slots) > 64:
+            raise lf.error("slot_bytes", f"at most 64 buffers per layer, got {len(raw_slots)}")
         slots = tuple(Fields.size(lf, "slot_bytes", s) for s in raw_slots)
-        if any(s == 0 for s in slots):
-            raise lf.error("slot_bytes", "every slot must be at least 1 byte")
+        if any(s == 0 or s > MAX_SLOT_BYTES for s in slots):
+            raise lf.error("slot_bytes", f"every slot must be 1 byte to 1 GiB, got {list(slots)}")
         window = lf.raw("window_tokens", None)
         if window is not None:
-            window = lf.int("window_tokens", minimum=1)
-        sinks = lf.int("sink_tokens", 0)
+            window = lf.int("window_tokens", minimum=1, maximum=MAX_SEQUENCE_TOKENS)
+        sinks = lf.int("sink_tokens", 0, maximum=MAX_SEQUENCE_TOKENS)
         if window is None and sinks:
             raise lf.error("sink_tokens", "only sliding-window layers (window_tokens set) have sinks")
-        layers += [LayerConfig(slots, window, sinks)] * lf.int("count", 1, minimum=1)
+        layers += [LayerConfig(slots, window, sinks)] * lf.int("count", 1, minimum=1,
+                                                              maximum=MAX_LAYERS)
+        if len(layers) > MAX_LAYERS:
+            raise f.error("layers", f"at most {MAX_LAYERS} layers in all (kvsim.manager.limits)")
     levels = []
     for vf in f.items("levels", {"name", "quota_bytes"}):
         levels.append(LevelConfig(vf.str("name"), vf.size("quota_bytes", vf.raw("quota_bytes"))))
     if len(levels) > 3:
         raise f.error("levels", f"at most 3 levels (gpu, host, disk), got {len(levels)}")
+    names = [lv.name for lv in levels]
+    for i, name in enumerate(names):
+        if not name or name in names[:i]:
+            raise f.error("levels", f"level names must be unique and non-empty, got {names}")
     options = dict(
-        tokens_per_block=f.int("tokens_per_block", 32, minimum=1),
+        tokens_per_block=f.int("tokens_per_block", 32, minimum=1, maximum=MAX_TOKENS_PER_BLOCK),
         max_util_for_resume=f.float("max_util_for_resume", 0.97, 0.0, 1.0, low_open=True),
         partial_reuse=f.bool("partial_reuse", False),
         enable_stats=f.bool("enable_stats", True),
@@ -272,36 +300,43 @@ def _manager(f: Fields) -> ManagerConfig:
     )
     try:
         config = ManagerConfig(layers=tuple(layers), levels=tuple(levels), **options)
-    except ConfigError as e:  # rules that span fields (level names unique, ...)
+        layout = StorageLayout.from_config(config)
+    except ConfigError as e:  # what the fields above cannot see alone (a quota's page count)
         raise f.error("levels", str(e)) from None
-    layout = StorageLayout.from_config(config)
-    for g, slots in enumerate(layout.level_slots[0]):
-        if slots == 0:
-            raise f.error("levels", f"the GPU level's quota holds no page of pool group {g} "
-                          f"({layout.pool_groups[g].page_bytes} bytes per page)")
+    for level, row in enumerate(layout.level_slots):
+        for g, slots in enumerate(row):
+            if slots == 0:
+                raise f.error(("levels", level, "quota_bytes"),
+                              f"level {names[level]!r} holds no page of pool group {g} "
+                              f"({layout.pool_groups[g].page_bytes} bytes per page); every level "
+                              "must hold at least one (leave a level out to have none)")
     return config
 
 
 def _scopes(f: Fields) -> tuple:
     raw = f.raw("reuse_scopes", [0])
-    if not isinstance(raw, list) or not raw or not all(isinstance(x, (int, str)) for x in raw):
+    if not isinstance(raw, list) or not raw or not all(
+            isinstance(x, (int, str)) and not isinstance(x, bool) for x in raw):
         raise f.error("reuse_scopes", "must be a non-empty list of integers or strings")
     if len(set(raw)) != len(raw):
         raise f.error("reuse_scopes", f"scopes must be unique, got {raw}")
+    if len(raw) > 4096:
+        raise f.error("reuse_scopes", f"at most 4096 scopes, got {len(raw)}")
     return tuple(raw)
 
 
 def _burst(f: Fields) -> BurstResizeWorkload:
-    history = f.int("history_tokens")
-    capacity = f.int("capacity_tokens", history + 1)
+    history = f.int("history_tokens", maximum=MAX_SEQUENCE_TOKENS)
+    capacity = f.int("capacity_tokens", min(history + 1, MAX_SEQUENCE_TOKENS),
+                     maximum=MAX_SEQUENCE_TOKENS)
     if capacity < history:
         raise f.error("capacity_tokens", f"must be >= history_tokens ({history}), got {capacity}")
     return BurstResizeWorkload(
         history_tokens=history,
         capacity_tokens=capacity,
-        growth_steps=f.int("growth_steps", 1, minimum=1),
+        growth_steps=f.int("growth_steps", 1, minimum=1, maximum=100_000),
         gpu_fill_fraction=f.float("gpu_fill_fraction", 1.0, 0.0, 1.0),
-        filler_requests=f.int("filler_requests", 4, minimum=1),
+        filler_requests=f.int("filler_requests", 4, minimum=1, maximum=100_000),
     )
 
 
@@ -322,10 +357,10 @@ SEED_KEYS = PROBE_KEYS | {"stats_queries", "stats_interval_us", "drop_tokens"}
 def _probe(f: Fields) -> ConcurrentProbeWorkload:
     return ConcurrentProbeWorkload(
         background=_burst(f.sub("background", BURST_KEYS)),
-        probe_threads=f.int("probe_threads", 8, minimum=1),
-        probes_per_thread=f.int("probes_per_thread", 500, minimum=1),
+        probe_threads=f.int("probe_threads", 8, minimum=1, maximum=MAX_THREADS),
+        probes_per_thread=f.int("probes_per_thread", 500, minimum=1, maximum=MAX_COUNT),
         probe_interval_us=f.float("probe_interval_us", 0.0, 0.0, 1e9),
-        probe_tokens=f.int("probe_tokens", 4096, minimum=1),
+        probe_tokens=f.int("probe_tokens", 4096, minimum=1, maximum=MAX_SEQUENCE_TOKENS),
         resize_start_us=f.float("resize_start_us", 100.0, 0.0, 1e12),
     )
 
@@ -343,12 +378,14 @@ def _workload(data: object, source: Source):
                 max_requests=None if f.raw("max_requests", None) is None
                 else f.int("max_requests", minimum=1),
                 time_scale=f.float("time_scale", 1.0, 0.0, 1e9),
-                decode_step_tokens=f.int("decode_step_tokens", 32, minimum=1),
+                decode_step_tokens=f.int("decode_step_tokens", 32, minimum=1,
+                                         maximum=MAX_SEQUENCE_TOKENS),
                 decode_token_interval_us=f.float("decode_token_interval_us", 20000.0, 0.0, 1e12),
                 prefill_token_interval_us=f.float("prefill_token_interval_us", 0.0, 0.0, 1e12),
                 decode_resize=f.bool("decode_resize", True),
                 probe_on_arrival=f.bool("probe_on_arrival", True),
-                client_threads=None if threads is None else f.int("client_threads", minimum=1),
+                client_threads=None if threads is None
+                else f.int("client_threads", minimum=1, maximum=MAX_THREADS),
                 skip_bad_lines=f.bool("skip_bad_lines", False))
         except ConfigError as e:
             raise f.error("kind", str(e)) from None
@@ -363,17 +400,17 @@ def _workload(data: object, source: Source):
     if kind == "gil_antagonist":
         f = Fields(data, source, ("workload",), {"kind"} | GIL_KEYS)
         return GilAntagonistWorkload(
-            iterations=f.int("iterations", 50, minimum=1),
-            setter_calls=f.int("setter_calls", 50, minimum=1),
-            tokens=f.int("tokens", 64, minimum=1),
+            iterations=f.int("iterations", 50, minimum=1, maximum=MAX_COUNT),
+            setter_calls=f.int("setter_calls", 50, minimum=1, maximum=MAX_COUNT),
+            tokens=f.int("tokens", 64, minimum=1, maximum=MAX_SEQUENCE_TOKENS),
             priority=f.int("priority", 50, maximum=100),
             victim_start_us=f.float("victim_start_us", 1.0, 0.0, 1e12))
     f = Fields(data, source, ("workload",), {"kind"} | SEED_KEYS)
     return SeedConcurrencyWorkload(
         probes=_probe(f),
-        stats_queries=f.int("stats_queries", 50, minimum=1),
+        stats_queries=f.int("stats_queries", 50, minimum=1, maximum=MAX_COUNT),
         stats_interval_us=f.float("stats_interval_us", 20.0, 0.0, 1e9),
-        drop_tokens=f.int("drop_tokens", 256, minimum=1))
+        drop_tokens=f.int("drop_tokens", 256, minimum=1, maximum=MAX_SEQUENCE_TOKENS))
 
 
 def _trace_path(f: Fields, source: Source) -> str:
@@ -386,7 +423,52 @@ def _trace_path(f: Fields, source: Source) -> str:
         path = Path(source.filename).parent / path
     if not path.exists():
         raise f.error("trace", f"no such file: {path}")
+    if not path.is_file():
+        raise f.error("trace", f"not a file: {path}")
     return str(path)
+
+
+def _check_burst_fits(source: Source, path: tuple, config: ManagerConfig,
+                      burst: BurstResizeWorkload) -> None:
+    """What a burst can be known to fail at, before running it: a request whose pages cannot
+    all be on the GPU level at once, and more fillers than the GPU fill has blocks."""
+    layout = StorageLayout.from_config(config)
+    tpb = layout.tokens_per_block
+    blocks = -(-burst.capacity_tokens // tpb)
+    for g, pg in enumerate(layout.pool_groups):
+        need = 0
+        for lc_index in pg.life_cycles:
+            begin, end = layout.life_cycles[lc_index].stale_range(burst.history_tokens, tpb)
+            need += blocks - (end - begin)
+        have = layout.level_slots[0][g]
+        if need > have:
+            raise source.error(path + ("capacity_tokens",),
+                               f"a cache of {burst.capacity_tokens} tokens (history "
+                               f"{burst.history_tokens}) needs {need} pages of pool group {g} on "
+                               f"the GPU level at once, which holds {have}: the growth cannot "
+                               "succeed")
+    fill_blocks = min(slots // len(pg.life_cycles)
+                      for slots, pg in zip(layout.level_slots[0], layout.pool_groups))
+    wanted = math.floor(fill_blocks * burst.gpu_fill_fraction)
+    if wanted and burst.filler_requests > wanted:
+        raise source.error(path + ("filler_requests",),
+                           f"{burst.filler_requests} fillers cannot share the {wanted} blocks of "
+                           f"a {burst.gpu_fill_fraction:.0%} GPU fill (each needs at least one); "
+                           f"at most {wanted}")
+
+
+def _check_workload(source: Source, config: ManagerConfig, workload: object) -> None:
+    """Rules that need both the manager configuration and the workload."""
+    if 0 not in config.reuse_scopes and not isinstance(workload, (OpTraceWorkload,)):
+        raise source.error(("manager", "reuse_scopes"),
+                           f"the {workload.kind} workload uses reuse scope 0, which "
+                           f"{list(config.reuse_scopes)} does not declare")
+    if isinstance(workload, BurstResizeWorkload):
+        _check_burst_fits(source, ("workload",), config, workload)
+    elif isinstance(workload, ConcurrentProbeWorkload):
+        _check_burst_fits(source, ("workload", "background"), config, workload.background)
+    elif isinstance(workload, SeedConcurrencyWorkload):
+        _check_burst_fits(source, ("workload", "background"), config, workload.probes.background)
 
 
 def _sim(f: Fields) -> SimSettings:
@@ -402,10 +484,12 @@ def _sim(f: Fields) -> SimSettings:
             raise f.error("gil_release", f"{api}: must be true or false, got {flag!r}")
     inflight = f.raw("kernel_inflight_bytes", None)
     ctas = f.raw("kernel_ctas", None)
+    if inflight is not None and not 1 <= f.size("kernel_inflight_bytes", inflight) <= 1 << 30:
+        raise f.error("kernel_inflight_bytes", f"must be 1 byte to 1 GiB, got {inflight!r}")
     return SimSettings(
         lock_policy=f.str("lock_policy", "reader", ("reader", "writer")),
         copy_path=f.str("copy_path", "auto", COPY_PATHS),
-        kernel_ctas=None if ctas is None else f.int("kernel_ctas", minimum=1),
+        kernel_ctas=None if ctas is None else f.int("kernel_ctas", minimum=1, maximum=1 << 16),
         kernel_inflight_bytes=None if inflight is None else f.size("kernel_inflight_bytes", inflight),
         aligned=f.bool("aligned", True),
         wait_for_copies=f.bool("wait_for_copies", False),
@@ -425,6 +509,9 @@ def _variants(data: object, source: Source) -> tuple[Variant, ...]:
         raise source.error(("variants",), "must be a non-empty mapping of variant names")
     out = []
     for name, body in data.items():
+        if not isinstance(name, str) or not SAFE_NAME.fullmatch(name):
+            raise source.error(("variants", name), "a variant name must be letters, digits, '_', "
+                               "'-' or '.', starting with a letter or digit (it names a directory)")
         f = Fields(body if body is not None else {}, source, ("variants", name), {"set", "reference"})
         overrides = f.raw("set", {})
         if not isinstance(overrides, dict):
@@ -437,50 +524,89 @@ def _variants(data: object, source: Source) -> tuple[Variant, ...]:
         if ref and not ref_source:
             raise f.error("reference", "needs a 'source' saying where the figures come from")
         for metric, value in ref.items():
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise source.error(("variants", name, "reference", metric), "must be a number")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise source.error(("variants", name, "reference", metric), "must be a finite number")
         out.append(Variant(str(name), tuple(overrides.items()),
                            tuple((k, float(v)) for k, v in ref.items()), str(ref_source)))
     return tuple(out)
 
 
+# One safe path component: it names a directory (reports/<name>/, variants/<name>/).
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
+
+
+def _expect_failures(f: Fields) -> tuple[str, ...]:
+    from kvsim.manager.locking import API_LOCK_MODES
+
+    raw = f.raw("expect_failures", [])
+    if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
+        raise f.error("expect_failures", "must be a list of API names such as KvCache.resize")
+    for api in raw:
+        if api not in API_LOCK_MODES:
+            raise f.error("expect_failures", f"unknown API {api!r} (see kvsim/manager/locking.py)")
+    return tuple(raw)
+
+
+def _preset(top: Fields, key: str, value: str, loader) -> None:
+    """A hardware or CPU preset must load (a name that exists, a file that parses)."""
+    try:
+        loader(value)
+    except (ConfigError, OSError, ValueError) as e:
+        raise top.error(key, str(e)) from None
+
+
 def parse_scenario(data: Any, source: Source) -> Scenario:
     top = Fields(data, source, (), {"name", "description", "seed", "executor", "manager",
-                                    "workload", "hardware", "cpu_model", "sim", "hw", "variants"})
+                                    "workload", "hardware", "cpu_model", "sim", "hw", "variants",
+                                    "expect_failures"})
     name = top.str("name")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
-        raise top.error("name", f"must be letters, digits, '_', '-' or '.', got {name!r}")
+    if not SAFE_NAME.fullmatch(name):
+        raise top.error("name", "must be 1-100 letters, digits, '_', '-' or '.', starting with a "
+                        f"letter or digit (it names the report directory), got {name!r}")
     executor = top.str("executor", "plan", EXECUTORS)
     hardware = top.raw("hardware", None)
     if executor in ("sim", "hw") and hardware is None:
         raise top.error("hardware", f"the {executor} executor needs a hardware preset or file")
     if hardware is not None:
         hardware = _resolve(top.str("hardware"), source)
+        from kvsim.hardware import load_hardware
+
+        _preset(top, "hardware", hardware, load_hardware)
+    cpu_model = _resolve(top.str("cpu_model", "kvcm2-cpp"), source)
+    if executor == "sim":
+        from kvsim.sim.cpu_cost import load_cpu_model
+
+        _preset(top, "cpu_model", cpu_model, load_cpu_model)
+    manager = _manager(top.sub("manager", {
+        "tokens_per_block", "layers", "levels", "max_util_for_resume", "partial_reuse",
+        "enable_stats", "stats_commit", "default_priority", "reuse_scopes",
+        "probe_drains_root_erasures"}))
+    workload = _workload(top.raw("workload"), source)
+    _check_workload(source, manager, workload)
     return Scenario(
         name=name,
         description=top.str("description", ""),
         seed=top.int("seed", 0),
         executor=executor,
-        manager=_manager(top.sub("manager", {
-            "tokens_per_block", "layers", "levels", "max_util_for_resume", "partial_reuse",
-            "enable_stats", "stats_commit", "default_priority", "reuse_scopes",
-            "probe_drains_root_erasures"})),
-        workload=_workload(top.raw("workload"), source),
+        manager=manager,
+        workload=workload,
         source_file=source.filename,
         hardware=hardware,
-        cpu_model=_resolve(top.str("cpu_model", "kvcm2-cpp"), source),
+        cpu_model=cpu_model,
         sim=_sim(top.sub("sim", set(SimSettings.__dataclass_fields__)))
         if top.raw("sim", None) is not None else SimSettings(),
         hw=_hw(top.sub("hw", {"copier", "device", "verify", "record_trace", "warmup_runs",
                               "warm_gpu_ms"}))
         if top.raw("hw", None) is not None else HwSettings(),
         variants=_variants(top.raw("variants", None), source),
+        expect_failures=_expect_failures(top),
     )
 
 
 def _hw(f: Fields) -> HwSettings:
     return HwSettings(copier=f.str("copier", "cuda", ("cuda", "none")),
-                      device=f.int("device", 0), verify=f.bool("verify", False),
+                      device=f.int("device", 0, maximum=1023), verify=f.bool("verify", False),
                       record_trace=f.raw("record_trace", None) and f.str("record_trace"),
                       warmup_runs=f.int("warmup_runs", 0, maximum=100),
                       warm_gpu_ms=f.float("warm_gpu_ms", 0.0, 0.0, 60_000.0))

@@ -81,11 +81,13 @@ def run(args: argparse.Namespace) -> int:
 
 def run_report(args: argparse.Namespace) -> int:
     try:
+        from kvsim.output_dir import open_output_dir
         from kvsim.report.sweep_report import write_sweep_report
         from kvsim.sweep.table import read_table
 
         table = read_table(args.table)
-        out = Path(args.out) if args.out else Path(args.table).parent
+        out = open_output_dir(Path(args.out) if args.out else Path(args.table).parent,
+                              "--out" if args.out else "the table's directory")
         path = write_sweep_report(table, out, latency_target_ms=args.latency_target_ms,
                                   latency_metric=args.latency_metric, cost=args.cost)
     except (KvsimError, ImportError, OSError, ValueError) as e:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvsim.output_dir import open_output_dir
 from kvsim.sweep.backends import run_tasks
 from kvsim.sweep.points import Point, failed_row, sweep_points
 from kvsim.sweep.spec import Sweep
@@ -53,8 +54,8 @@ def run_sweep(sweep: Sweep, out_dir: str | Path | None = None, backend: str = "l
               progress: Callable[[str], None] | None = None, report: bool = True,
               latency_target_ms: float | None = None) -> SweepOutcome:
     say = progress or (lambda m: None)
-    out = Path(out_dir) if out_dir is not None else default_out_dir(sweep)
-    out.mkdir(parents=True, exist_ok=True)
+    out = open_output_dir(Path(out_dir) if out_dir is not None else default_out_dir(sweep),
+                          "--out" if out_dir is not None else "the sweep directory")
     points: list[Point] = sweep_points(sweep)
     ids = {p.point_id for p in points}
     earlier = previous_rows(out)

@@ -70,8 +70,9 @@ def skip_summary(filename: str, skipped_lines: int, skipped: tuple[SkippedLine, 
     return f"{filename}: skipped {skipped_lines} bad line(s): {listed}{more}"
 
 
-def check_int(record: dict, name: str, minimum: int | None = 0, required: bool = True) -> int | None:
-    """``record[name]`` as an int (bools rejected), at least ``minimum``; raises LineError."""
+def check_int(record: dict, name: str, minimum: int | None = 0, required: bool = True,
+              maximum: int = 2**63 - 1) -> int | None:
+    """``record[name]`` as an int (bools rejected) in ``[minimum, maximum]``; raises LineError."""
     if name not in record:
         if required:
             raise LineError(name, "missing field")
@@ -81,6 +82,8 @@ def check_int(record: dict, name: str, minimum: int | None = 0, required: bool =
         raise LineError(name, f"must be an integer, got {json.dumps(value)}")
     if minimum is not None and value < minimum:
         raise LineError(name, f"must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise LineError(name, f"must be <= {maximum}, got {value}")
     return value
 
 

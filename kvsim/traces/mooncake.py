@@ -5,7 +5,8 @@ Format: JSONL, one request a line, in arrival order::
     {"timestamp": 40, "input_length": 23769, "output_length": 3, "hash_ids": [151, 152, ...]}
 
 * ``timestamp``: arrival time in milliseconds (int or float, >= 0, never decreasing);
-* ``input_length`` / ``output_length``: prompt and generated tokens (ints >= 0);
+* ``input_length`` / ``output_length``: prompt and generated tokens (ints in [0, 2**26],
+  :data:`kvsim.manager.limits.MAX_SEQUENCE_TOKENS`);
 * ``hash_ids``: one id (int >= 0) per 512-token block of the prompt, in order; equal ids mean
   the same block *and* the same prefix before it, so they mark reusable prefixes. At most
   ``ceil(input_length / 512)`` of them (the last block may be partial); fewer is accepted, and the
@@ -31,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.traces import (
     JsonlRead,
     LineError,
@@ -107,8 +109,8 @@ class _Parser:
             if name not in obj:
                 raise LineError(name, "missing field")
         timestamp = check_number(obj, "timestamp")
-        input_length = check_int(obj, "input_length")
-        output_length = check_int(obj, "output_length")
+        input_length = check_int(obj, "input_length", maximum=MAX_SEQUENCE_TOKENS)
+        output_length = check_int(obj, "output_length", maximum=MAX_SEQUENCE_TOKENS)
         ids = obj["hash_ids"]
         if not isinstance(ids, list):
             raise LineError("hash_ids", f"must be a list of integers, got {type(ids).__name__}")

@@ -25,11 +25,12 @@ Keys (``*`` = required):
     default none), the tokens of ``commit`` or ``probe_reuse`` (required, or the next three).
 ``token_count``, ``token_seed``, ``token_offset``
     synthesised tokens instead of a list: tokens ``token_offset .. token_offset + token_count - 1``
-    of the deterministic stream ``token_seed`` (ints >= 0; seed and offset default to 0).
+    of the deterministic stream ``token_seed`` (ints >= 0; seed and offset default to 0; count
+    and offset at most 2**26, :data:`kvsim.manager.limits.MAX_SEQUENCE_TOKENS`).
     Token ``i`` of a stream depends only on the seed and ``i``, so equal seeds share prefixes and a
     ``commit`` continues a prompt by setting ``token_offset`` to the tokens already committed.
 ``capacity``, ``history_length``
-    ``resize`` only: capacity (required) and history (optional) in tokens, ints >= 0.
+    ``resize`` only: capacity (required) and history (optional) in tokens, ints in [0, 2**26].
 ``scope``
     ``create_kv_cache`` and ``probe_reuse`` only: the reuse scope (int or string; default the
     manager's, 0).
@@ -56,6 +57,7 @@ from typing import IO
 
 import numpy as np
 
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.traces import (
     LineError,
     SkippedLine,
@@ -207,6 +209,8 @@ class _Parser:
             tokens = obj["tokens"]
             if not isinstance(tokens, list):
                 raise LineError("tokens", f"must be a list of token ids, got {type(tokens).__name__}")
+            if len(tokens) > MAX_SEQUENCE_TOKENS:
+                raise LineError("tokens", f"{len(tokens)} tokens; at most {MAX_SEQUENCE_TOKENS}")
             for i, tok in enumerate(tokens):
                 if type(tok) is not int or not 0 <= tok < 1 << 32:  # noqa: E721 - no bools
                     raise LineError(f"tokens[{i}]", f"must be an integer in [0, 2**32), got {tok!r}")
@@ -215,7 +219,8 @@ class _Parser:
             if "token_count" not in obj:
                 raise LineError("token_count", f"missing field ({synth[0]} needs it)")
             for k in TOKEN_SYNTH_KEYS:
-                kw[k] = check_int(obj, k, 0, required=False)
+                kw[k] = check_int(obj, k, 0, required=False,
+                                  maximum=2**63 - 1 if k == "token_seed" else MAX_SEQUENCE_TOKENS)
         elif op in TOKENS_REQUIRED:
             raise LineError("tokens", f"missing field ({op} needs tokens or token_count)")
         # resize arguments
@@ -223,8 +228,9 @@ class _Parser:
             if k in obj and op != "resize":
                 raise LineError(k, f"not an argument of {op}")
         if op == "resize":
-            kw["capacity"] = check_int(obj, "capacity", 0)
-            kw["history_length"] = check_int(obj, "history_length", 0, required=False)
+            kw["capacity"] = check_int(obj, "capacity", 0, maximum=MAX_SEQUENCE_TOKENS)
+            kw["history_length"] = check_int(obj, "history_length", 0, required=False,
+                                             maximum=MAX_SEQUENCE_TOKENS)
         # scope
         if "scope" in obj:
             if op not in SCOPE_OPS:
@@ -268,6 +274,33 @@ def format_op(op: TraceOp) -> str:
     if op.op not in OPS:
         raise ValueError(f"unknown op {op.op!r}")
     return json.dumps(op.to_json(), separators=(", ", ": "))
+
+
+def check_trace_target(path: str | Path, option: str) -> Path:
+    """``path`` if an op trace may be written there: a new file in a writable directory, or an
+    existing op trace (its first line an op); anything else is refused, naming ``option``."""
+    from kvsim.output_dir import OutputDirError, check_output_dir, is_writable_dir
+
+    path = Path(path)
+    if path.is_dir():
+        raise OutputDirError(f"{option} {path}: is a directory")
+    if path.exists():
+        try:
+            with path.open("rb") as f:
+                first = json.loads(f.readline(1 << 20) or b"null")
+        except (OSError, ValueError):
+            first = None
+        if not (isinstance(first, dict) and {"t", "thread", "op"} <= set(first)):
+            raise OutputDirError(f"{option} {path}: exists and is not an op trace; kvsim "
+                                 "overwrites only its own traces")
+    parent = path.parent
+    if not parent.exists():
+        check_output_dir(parent, option)  # a directory to be created: where it would go
+    elif not parent.is_dir():
+        raise OutputDirError(f"{option} {path}: {parent} is not a directory")
+    elif not is_writable_dir(parent):
+        raise OutputDirError(f"{option} {path}: {parent} is read-only")
+    return path
 
 
 class OpTraceWriter:

@@ -18,8 +18,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                          sort_keys=True, indent=None if args.json else 1))
         return 0
     if args.name != "burst-resize":
-        raise SystemExit(f"kvsim bench: unknown benchmark {args.name!r} "
-                         "(known: burst-resize, sim-scenarios)")
+        print(f"kvsim bench: unknown benchmark {args.name!r} (known: burst-resize, sim-scenarios)",
+              file=sys.stderr)
+        return 2
     from kvsim.bench import burst_resize
 
     progress = None if args.quiet or args.json else (lambda m: print(m, file=sys.stderr))
@@ -40,11 +41,36 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate_scenario(args: argparse.Namespace) -> int:
+    """Everything ``kvsim run`` checks before it starts, without running: the file, every
+    variant, the presets, and what this machine needs. A file with a ``sweep:`` block is checked
+    as a sweep (``kvsim sweep`` checks each point's scenario the same way)."""
     from kvsim.errors import KvsimError
-    from kvsim.scenario.run import load_scenario_file
+    from kvsim.scenario.run import load_scenario_file, missing_requirement
+    from kvsim.scenario.source import load_yaml
 
     try:
+        data, _ = load_yaml(args.scenario)
+        if isinstance(data, dict) and "sweep" in data:
+            from kvsim.sweep.spec import load_sweep
+
+            from kvsim.sweep.points import sweep_points
+            from kvsim.sweep.spec import load_sweep_scenario
+
+            sweep = load_sweep(args.scenario, sets=args.set)
+            points = sweep_points(sweep)
+            for point in points:
+                try:
+                    load_sweep_scenario(point.scenario_file, point.overrides())
+                except KvsimError as e:
+                    raise KvsimError(f"sweep point {point.params_json}: {e}") from None
+            print(f"{args.scenario}: ok: sweep {sweep.name}, {len(points)} points")
+            return 0
         sf = load_scenario_file(args.scenario, args.set)
+        for scenario in (sf.base, *(s for _, s in sf.variants)):
+            missing = missing_requirement(scenario)
+            if missing:
+                raise KvsimError(f"{args.scenario}: valid, but cannot run on this machine: "
+                                 f"{missing}")
     except KvsimError as e:
         print(f"kvsim validate-scenario: {e}", file=sys.stderr)
         return 2
@@ -127,11 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     from kvsim.calibration import validate
 
     validate.add_parser(sub)
+    for command in sub.choices.values():  # so that a command's errors show its own usage
+        command.set_defaults(_parser=command)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args))
 
 

@@ -116,7 +116,8 @@ def open_output_dir(path: str | Path, option: str = "--out") -> Path:
     path = check_output_dir(path, option)
     try:
         path.mkdir(parents=True, exist_ok=True)
-        _mark(path)
+        if not is_kvsim_dir(path):
+            _mark(path)
     except OSError as e:
         raise OutputDirError(f"{option} {path}: cannot write: {e.strerror or e}") from None
     return path

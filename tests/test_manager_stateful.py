@@ -4,7 +4,9 @@ Random sequences of API calls over several caches of one :class:`KVCacheManager`
 create / resume / suspend / close, cache resize (grow, shrink, history jumps, invalid values),
 commit, stop_committing, planned block drops, manager-level quota resize, probe_reuse and the
 statistics getters. After every step ``check_invariants`` must hold, and every call that raises
-or returns False must leave the manager byte-for-byte as it was (``state_fingerprint``).
+or returns False must leave the manager byte-for-byte as it was (``state_fingerprint``): bad
+arguments, priority callbacks that return nonsense or raise, and (the *sink* machines) an event
+sink that raises in the middle of a call.
 
 Two families of machines:
 
@@ -143,6 +145,24 @@ def _bad_priority(block: int, life_cycle: int) -> int:
     return 101 if block >= 2 else 35  # out of range from the third block on
 
 
+class CallbackFailure(Exception):
+    """What the raising priority callback and the raising event sink raise (user code)."""
+
+
+def _raising_priority(block: int, life_cycle: int) -> int:
+    if block >= 2:
+        raise CallbackFailure(f"priority callback failed for block {block}")
+    return 35
+
+
+class SinkFailure(Exception):
+    """What the event sink raises when a machine has armed it."""
+
+
+# The priority callbacks that fail from the third block on, and what the call then raises.
+FAILING_CALLBACKS = {_bad_priority: InvalidArgumentError, _raising_priority: CallbackFailure}
+
+
 def _low_priority(block: int, life_cycle: int) -> int:
     return 5 + 10 * (block % 3) + life_cycle
 
@@ -181,11 +201,16 @@ class ManagerMachine(RuleBasedStateMachine):
     HISTORY_JUMPS = True  # resize(capacity, history_length) may move history past the commits
     QUOTA_LEVELS: tuple[int, ...] | None = None  # levels manager.resize may touch (None: all)
     BAD_CALLBACKS = True
+    FAILING_SINK = False  # an event sink that raises when armed (rule arm_sink)
     MAX_OPEN = 6
 
     def __init__(self) -> None:
         super().__init__()
-        self.mgr = KVCacheManager(self.CONFIG)
+        self.sink_armed = False
+        self.in_call = False
+        self.events: list[dict] = []
+        self.mgr = KVCacheManager(self.CONFIG,
+                                  event_sink=self._sink if self.FAILING_SINK else None)
         self.open: list[Tracked] = []
         self.closed: list[Tracked] = []
         self.drops: list[PlannedDrop] = []
@@ -199,8 +224,16 @@ class ManagerMachine(RuleBasedStateMachine):
         self.unit = sum(pg.page_bytes * len(pg.life_cycles) for pg in lay.pool_groups)
 
     # -- helpers ------------------------------------------------------------------------------
+    def _sink(self, ev: dict) -> None:
+        if self.sink_armed and self.in_call:
+            self.sink_armed = False
+            raise SinkFailure(f"event sink failed on {ev['type']}")
+        self.events.append(ev)
+
     def _call(self, what: str, fn: Callable[[], object], error: type[BaseException] | None = None):
-        """Run ``fn``; when ``error`` is given it must raise that and change nothing."""
+        """Run ``fn``; when ``error`` is given it must raise that and change nothing. When the
+        armed event sink raises inside the call, the call must have changed nothing; it is then
+        made again with the sink disarmed, as if the failure had not happened."""
         before = state_fingerprint(self.mgr)
         if error is not None:
             with pytest.raises(error):
@@ -208,7 +241,18 @@ class ManagerMachine(RuleBasedStateMachine):
             assert_same_state(before, state_fingerprint(self.mgr), f"failing {what}")
             event(f"{what}: raised {error.__name__}")
             return None
-        result = fn()
+        self.in_call = True
+        try:
+            try:
+                result = fn()
+            except SinkFailure:
+                assert_same_state(before, state_fingerprint(self.mgr),
+                                  f"{what} with a raising event sink")
+                check_invariants(self.mgr)
+                event(f"{what}: event sink raised, nothing changed")
+                result = fn()
+        finally:
+            self.in_call = False
         if result is False:
             assert_same_state(before, state_fingerprint(self.mgr), f"{what} returning False")
             event(f"{what}: returned False")
@@ -309,25 +353,27 @@ class ManagerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.open) < self.MAX_OPEN)
     @rule(prompt=prompts, more=continuations, scope_i=st.integers(0, 3),
-          callback=st.sampled_from(["none", "none", "low", "bad"]), twins=st.booleans())
+          callback=st.sampled_from(["none", "none", "low", "bad", "raising"]),
+          twins=st.booleans())
     def create(self, prompt, more, scope_i, callback, twins=False) -> None:
         scope = self.scopes[scope_i % len(self.scopes)]
-        cb = {"none": None, "low": _low_priority, "bad": _bad_priority}[callback]
-        if cb is _bad_priority and not self.BAD_CALLBACKS:
+        cb = {"none": None, "low": _low_priority, "bad": _bad_priority,
+              "raising": _raising_priority}[callback]
+        if cb in FAILING_CALLBACKS and not self.BAD_CALLBACKS:
             cb = None
         toks = np.array(prompt, dtype=np.int64)
         probed = self._check_probe(scope, prompt)
         gpu_free = [a.num_free for a in self.mgr.storage.allocators[0]]
         room = all(free >= len(pg.life_cycles)
                    for free, pg in zip(gpu_free, self.mgr.layout.pool_groups))
-        if cb is _bad_priority and probed % TPB and room and probed // TPB >= 2:
+        if cb in FAILING_CALLBACKS and probed % TPB and room and probed // TPB >= 2:
             # The partial block's copy asks the callback for block >= 2: out of range.
             if "create-callback-leak" in KNOWN_BUGS:
                 cb = None
             else:
                 self._call("create_kv_cache",
                            lambda: self.mgr.create_kv_cache(toks, scope, priority_callback=cb),
-                           InvalidArgumentError)
+                           FAILING_CALLBACKS[cb])
                 return
         cache = self._call("create_kv_cache",
                            lambda: self.mgr.create_kv_cache(toks, scope, priority_callback=cb))
@@ -440,9 +486,9 @@ class ManagerMachine(RuleBasedStateMachine):
         elif capacity < 0 or (history is not None and history < 0) \
                 or base_history < c.history_length or capacity < base_history:
             err = InvalidArgumentError
-        elif self.BAD_CALLBACKS and c.priority_callback is _bad_priority \
+        elif c.priority_callback in FAILING_CALLBACKS \
                 and math.ceil(capacity / TPB) > max(c.num_blocks, 2):
-            err = InvalidArgumentError  # the callback is asked for a block >= 2
+            err = FAILING_CALLBACKS[c.priority_callback]  # the callback is asked for block >= 2
         else:
             err = None
         if setter and history is None and err is None:
@@ -478,8 +524,8 @@ class ManagerMachine(RuleBasedStateMachine):
             cap = have + len(toks)
             try:
                 self._call("cache.resize", lambda: c.resize(cap))
-            except InvalidArgumentError:
-                assert c.priority_callback is _bad_priority
+            except (InvalidArgumentError, CallbackFailure) as e:
+                assert isinstance(e, FAILING_CALLBACKS[c.priority_callback])
         if c.status is not CacheStatus.ACTIVE or t.stopped:
             err = InvalidStateError
         elif have + len(toks) > c.capacity:
@@ -509,10 +555,10 @@ class ManagerMachine(RuleBasedStateMachine):
             toks = list(t.script[have:have + n]) or [0] * n
             need = have + len(toks)
             if need > c.capacity:
-                bad = c.priority_callback is _bad_priority and \
+                bad = c.priority_callback in FAILING_CALLBACKS and \
                     math.ceil(need / TPB) > max(c.num_blocks, 2)
                 grown = self._call("cache.resize", lambda: c.resize(need),
-                                   InvalidArgumentError if bad else None)
+                                   FAILING_CALLBACKS[c.priority_callback] if bad else None)
                 if not grown:
                     return
             if self._hits_orphaned_tail(c, len(toks)):
@@ -568,6 +614,12 @@ class ManagerMachine(RuleBasedStateMachine):
         t.stopped = True
         self.seqs[t.scope].add(tuple(t.tokens))
         self._call("commit", lambda: c.commit([1]), InvalidStateError)
+
+    @precondition(lambda self: self.FAILING_SINK)
+    @rule()
+    def arm_sink(self) -> None:
+        """The next event a call emits makes the sink raise."""
+        self.sink_armed = True
 
     # -- rules: planned drops ----------------------------------------------------------------------
     @precondition(lambda self: self.open and self.PLANNED_DROPS)
@@ -756,6 +808,27 @@ class ReferenceSwaMachine(ManagerMachine):
     BAD_CALLBACKS = False
 
 
+class ChaosSinkMachine(ManagerMachine):
+    """Three tiers, evictions and drops ("removed" events) with a sink that raises."""
+
+    CONFIG = CHAOS_TIERS
+    FAILING_SINK = True
+
+
+class ReferenceSinkMachine(ManagerMachine):
+    """Exact reuse after calls whose sink raised ("stored" events) and were made again."""
+
+    CONFIG = REF_FULL
+    REFERENCE = True
+    QUOTA_LEVELS = (0,)
+    BAD_CALLBACKS = False
+    FAILING_SINK = True
+
+
+TestChaosSink = ChaosSinkMachine.TestCase
+TestChaosSink.settings = settings(max_examples=40, stateful_step_count=50, **SETTINGS)
+TestReferenceSink = ReferenceSinkMachine.TestCase
+TestReferenceSink.settings = settings(max_examples=40, stateful_step_count=50, **SETTINGS)
 TestChaosPartial = ChaosPartialMachine.TestCase
 TestChaosPartial.settings = settings(max_examples=80, stateful_step_count=50, **SETTINGS)
 TestChaosTiers = ChaosTiersMachine.TestCase

@@ -144,3 +144,47 @@ def test_failed_write_leaves_no_results_directory(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write_results(results, tmp_path / "out")
     assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]
+
+
+OVERSIZED = """\
+name: oversized
+executor: sim
+hardware: h100-pcie
+manager:
+  tokens_per_block: 4
+  layers:
+    - slot_bytes: [1 KiB, 1 KiB]
+  levels:
+    - {name: gpu, quota_bytes: 64 KiB}
+    - {name: host, quota_bytes: 256 KiB}
+workload:
+  kind: op_trace
+  trace: t.jsonl
+"""
+# A request larger than the GPU level (32 pages): its resize fails when the trace runs.
+OVERSIZED_TRACE = """\
+{"t": 0, "thread": "a", "op": "create_kv_cache", "cache": "c"}
+{"t": 0, "thread": "a", "op": "resume", "cache": "c"}
+{"t": 0, "thread": "a", "op": "resize", "cache": "c", "capacity": 400}
+"""
+
+
+def test_an_unexpected_failed_call_makes_the_run_say_so_and_fail(tmp_path, capsys):
+    write(tmp_path, OVERSIZED_TRACE, "t.jsonl")
+    path = write(tmp_path, OVERSIZED)
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "1 call(s) failed that the scenario does not expect (KvCache.resize x1)" in err
+    assert (tmp_path / "o" / "results.json").is_file()  # the report is still written
+    declared = write(tmp_path, OVERSIZED + "expect_failures: [KvCache.resize]\n", "e.yaml")
+    assert main(["run", str(declared), "--out", str(tmp_path / "e")]) == 0
+    assert "does not expect" not in capsys.readouterr().err
+
+
+def test_results_json_is_strict_json(tmp_path):
+    from kvsim.scenario.run import results_json
+
+    text = results_json({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")},
+                         "_private": 1})
+    assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}}
+    assert "NaN" not in text and "Infinity" not in text

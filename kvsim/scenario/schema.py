@@ -1,11 +1,16 @@
 """The scenario schema: validation of loaded YAML into frozen dataclasses.
 
 Every rejection names the file, the line and the field (``scen.yaml:12: manager.levels.0.quota_bytes:
-must be >= 0, got -1``). Unknown keys are errors, not silently ignored.
+must be >= 0, got -1``), or the option that set the value (``--set seed=abc: seed: ...``; a
+variant's override is blamed on its line). Unknown keys are errors, not silently ignored. What
+can be known before running is checked when the file loads: every variant, the hardware and CPU
+presets, the trace, sizes against the bounds of :mod:`kvsim.manager.limits`, a request that cannot
+fit on the GPU level, more fillers than the GPU fill has blocks, a level that holds no page.
 
 Schema (``*`` = required)::
 
-    name*: str                      # also the default report directory, reports/<name>/
+    name*: str                      # also the default report directory, reports/<name>/:
+                                    # 1-100 of [A-Za-z0-9_.-], starting with a letter or digit
     description: str
     seed: int >= 0                  # default 0
     executor: plan | sim | hw       # plan: manager plans only, no time; sim: the SimPy model;
@@ -29,7 +34,7 @@ Schema (``*`` = required)::
       jitter: float in [0, 1)       # relative perturbation of each modelled delay (default 0.1)
       gil_seed: int                 # the measured GIL hand-over's draws (default: the seed)
     manager*:
-      tokens_per_block: int >= 1    # default 32
+      tokens_per_block: int in [1, 65536]   # default 32
       layers*: list of
         slot_bytes*: [bytes, ...]   # one entry per buffer (e.g. K and V) per block
         window_tokens: int >= 1     # omit for full attention
@@ -37,7 +42,8 @@ Schema (``*`` = required)::
         count: int >= 1             # repeat this layer (default 1)
       levels*: list (GPU first) of
         name*: str
-        quota_bytes*: bytes         # an integer or a string such as "128 MiB"
+        quota_bytes*: bytes         # an integer or a string such as "128 MiB"; at least one
+                                    # page and at most 2**27 pages of each pool group
       max_util_for_resume: float in (0, 1]
       partial_reuse: bool
       enable_stats: bool
@@ -76,6 +82,8 @@ Schema (``*`` = required)::
                                     # the measured run is a warm process (default 0: a cold one)
       warm_gpu_ms: float >= 0       # spin every SM this long right before the measured threads
                                     # start, so the GPU is out of its idle clocks (default 0)
+    expect_failures: [API, ...]     # APIs whose failed calls the scenario expects; any other
+                                    # failed call makes `kvsim run` say so and exit 1
     variants:                       # optional: named runs of this scenario with overrides
       NAME:
         set: {dotted.field: value}  # e.g. manager.stats_commit: per_page
@@ -110,8 +118,8 @@ MAX_BYTES = 1 << 62  # any byte count (sizes are also bounded by kvsim.manager.l
 MAX_COUNT = 10**7  # threads' call counts (probes, queries, iterations): a run of days at most
 MAX_THREADS = 1024
 MAX_SEED = 2**63 - 1
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50}
 EXECUTORS = ("plan", "sim", "hw")
 WORKLOADS = ("burst_resize", "concurrent_probe", "gil_antagonist", "seed_concurrency", "mooncake",
              "op_trace")
@@ -147,7 +155,8 @@ class Fields:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.error(key, f"must be an integer, got {value!r}")
         if value < minimum or value > maximum:
-            bound = f">= {minimum}" if maximum == MAX_SEED else f"in [{minimum}, {maximum}]"
+            bound = (f"in [{minimum}, 2**63)" if value > maximum else f">= {minimum}") \
+                if maximum == MAX_SEED else f"in [{minimum}, {maximum}]"
             raise self.error(key, f"must be {bound}, got {value}")
         return value
 
@@ -373,7 +382,7 @@ def _workload(data: object, source: Source):
         f = Fields(data, source, ("workload",), {"kind"} | MOONCAKE_KEYS)
         threads = f.raw("client_threads", None)
         try:
-            return MooncakeReplayWorkload(
+            workload = MooncakeReplayWorkload(
                 trace=_trace_path(f, source),
                 max_requests=None if f.raw("max_requests", None) is None
                 else f.int("max_requests", minimum=1),
@@ -389,10 +398,18 @@ def _workload(data: object, source: Source):
                 skip_bad_lines=f.bool("skip_bad_lines", False))
         except ConfigError as e:
             raise f.error("kind", str(e)) from None
+        from kvsim.traces.mooncake import load_mooncake
+
+        _check_trace(f, load_mooncake, workload.trace, workload.skip_bad_lines)
+        return workload
     if kind == "op_trace":
         f = Fields(data, source, ("workload",), {"kind"} | OP_TRACE_KEYS)
-        return OpTraceWorkload(trace=_trace_path(f, source),
-                               skip_bad_lines=f.bool("skip_bad_lines", False))
+        workload = OpTraceWorkload(trace=_trace_path(f, source),
+                                   skip_bad_lines=f.bool("skip_bad_lines", False))
+        from kvsim.traces.op_trace import load_op_trace
+
+        _check_trace(f, load_op_trace, workload.trace, workload.skip_bad_lines)
+        return workload
     if kind == "burst_resize":
         return _burst(Fields(data, source, ("workload",), {"kind"} | BURST_KEYS))
     if kind == "concurrent_probe":
@@ -426,6 +443,14 @@ def _trace_path(f: Fields, source: Source) -> str:
     if not path.is_file():
         raise f.error("trace", f"not a file: {path}")
     return str(path)
+
+
+def _check_trace(f: Fields, load, path: str, skip_bad_lines: bool) -> None:
+    """Read the trace once at load, so a bad line is reported before the run starts."""
+    try:
+        load(path, skip_bad_lines)
+    except ConfigError as e:
+        raise f.error("trace", str(e)) from None
 
 
 def _check_burst_fits(source: Source, path: tuple, config: ManagerConfig,

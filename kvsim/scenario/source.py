@@ -53,10 +53,15 @@ class Source:
             path = path[:-1]
 
     def option_of(self, path: PathKey) -> str | None:
-        """The option that set ``path`` or one of its ancestors, if one did."""
+        """The option that set ``path`` or one of its ancestors, or that created ``path`` (a
+        key the file does not have, below which an option set a value)."""
         for n in range(len(path), 0, -1):
             if path[:n] in self.options:
                 return self.options[path[:n]]
+        if path not in self.lines:
+            for key, option in self.options.items():
+                if key[:len(path)] == path:
+                    return option
         return None
 
     def error(self, path: PathKey, message: str) -> ScenarioError:

@@ -51,10 +51,8 @@ def _cmd_validate_scenario(args: argparse.Namespace) -> int:
     try:
         data, _ = load_yaml(args.scenario)
         if isinstance(data, dict) and "sweep" in data:
-            from kvsim.sweep.spec import load_sweep
-
             from kvsim.sweep.points import sweep_points
-            from kvsim.sweep.spec import load_sweep_scenario
+            from kvsim.sweep.spec import load_sweep, load_sweep_scenario
 
             sweep = load_sweep(args.scenario, sets=args.set)
             points = sweep_points(sweep)

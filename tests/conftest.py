@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -22,6 +25,18 @@ def small_config(gpu_pages: int = 16, host_pages: int = 32, window: int | None =
         levels.append(LevelConfig("disk", disk_pages * PAGE * len(layers)))
     return ManagerConfig(layers=tuple(layers), levels=tuple(levels),
                          tokens_per_block=tokens_per_block, **kw)
+
+
+def tree_snapshot(root: Path, skip: Path | None = None) -> dict[str, str]:
+    """Every path under ``root`` (but ``skip`` and what is below it) with a digest of its
+    content: equal snapshots mean nothing was created, deleted or changed."""
+    out = {}
+    for p in sorted(root.rglob("*")):
+        if skip is not None and (p == skip or skip in p.parents):
+            continue
+        out[str(p.relative_to(root))] = "dir" if p.is_dir() else \
+            hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
 
 
 def tokens(start: int, n: int) -> np.ndarray:

@@ -10,7 +10,6 @@ runs it; the counts per category are in :data:`CATEGORY_COUNTS`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import signal
@@ -25,6 +24,7 @@ from kvsim.cli import main
 from kvsim.errors import KvsimError
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
 from kvsim.manager.fingerprint import fingerprint
+from tests.conftest import tree_snapshot as _snapshot
 
 TIME_LIMIT_S = 20  # a hang (an alias bomb, a runaway size) fails the case instead of the suite
 
@@ -435,11 +435,6 @@ def _write(root: Path, files: dict) -> None:
             path.write_bytes(body)
         else:
             path.write_text(body, encoding="utf-8")
-
-
-def _snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): "dir" if p.is_dir() else
-            hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*"))}
 
 
 class _Hang(Exception):

@@ -7,7 +7,6 @@ directory is byte-for-byte as it was.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import stat
@@ -18,6 +17,7 @@ import pytest
 import kvsim.output_dir as output_dir
 from kvsim.cli import main
 from kvsim.output_dir import MARKER
+from tests.conftest import tree_snapshot as snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_TRACE = REPO / "scenarios" / "traces" / "mooncake_sample.jsonl"
@@ -36,17 +36,6 @@ workload:
   history_tokens: 40
   filler_requests: 2
 """
-
-
-def snapshot(root: Path, skip: Path | None = None) -> dict[str, str]:
-    """Every path under ``root`` (but ``skip``) with a digest of its content."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if skip is not None and (p == skip or skip in p.parents):
-            continue
-        key = str(p.relative_to(root))
-        out[key] = "dir" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
 
 
 @pytest.fixture

@@ -59,11 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     import cupy
     import numpy as np
 
-    from hw.copy_select import CopySelector
     from hw.executor_copies import PlanCopier
     from hw.gpu_clocks import gpu_identity
     from kvsim.hardware import load_hardware
     from kvsim.manager.plan import CopyBatch
+    from kvsim.model.copy_select import CopySelector
 
     hardware = load_hardware(args.hardware)
     rng = np.random.default_rng(args.seed)

@@ -1,7 +1,7 @@
 """PoolCopier: the hardware executor's view of :class:`hw.executor_copies.PlanCopier`.
 
 ``submit`` enqueues one manager :class:`~kvsim.manager.plan.CopyBatch` on the copier's stream
-(path: ``auto`` lets :class:`hw.copy_select.CopySelector` price every path on the hardware spec
+(path: ``auto`` lets :class:`kvsim.model.copy_select.CopySelector` price every path on the hardware spec
 and pick the fastest; or a fixed path) and returns the run's :class:`CopyRecord` for it. At
 ``finish`` the stream is synchronised and each record's start and end are read from its CUDA
 events and placed on the executor's ``perf_counter`` timeline through an origin event recorded
@@ -19,7 +19,7 @@ from typing import Any
 
 from kvsim.manager.manager import KVCacheManager
 from kvsim.manager.plan import CopyBatch
-from kvsim.sim.records import CopyRecord
+from kvsim.runtime.records import CopyRecord
 
 
 class PoolCopier:
@@ -27,8 +27,8 @@ class PoolCopier:
 
     def __init__(self, pools: Any, hardware: Any, path: str = "auto", verify: bool = False,
                  ctas: int | None = None, inflight_bytes: int | None = None) -> None:
-        from hw.copy_select import CopySelector
         from hw.executor_copies import PlanCopier
+        from kvsim.model.copy_select import CopySelector
 
         auto = path in ("auto", "select")
         self.plan_copier = PlanCopier(pools, selector=CopySelector(hardware) if auto else None,

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 
 from hw.rwlock import ThreadedSharedMutex
 from kvsim.errors import KvsimError
-from kvsim.executor_common import DisciplineCheck, account_copies, invariant_violations, work_of
-from kvsim.manager.locking import API_LOCK_MODES, LockMode
 from kvsim.manager.manager import KVCacheManager
 from kvsim.manager.plan import CopyBatch
-from kvsim.sim.records import CallRecord, CopyRecord, LinkSegment, LinkStats, LockHazardError
-from kvsim.traces.recording import to_trace_op
-from kvsim.workloads.steps import Call, Sleep, Step, Until
+from kvsim.runtime.apis import API_LOCK_MODES, LockMode
+from kvsim.runtime.checks import DisciplineCheck, account_copies, invariant_violations, work_of
+from kvsim.runtime.recording import to_trace_op
+from kvsim.runtime.records import CallRecord, CopyRecord, LinkSegment, LinkStats, LockHazardError
+from kvsim.runtime.steps import Call, Sleep, Step, Until
 
 
 class NullCopier:

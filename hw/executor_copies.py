@@ -5,7 +5,7 @@ Two pieces for the hardware executor:
 * :class:`PlanCopier` runs the :class:`~kvsim.manager.plan.CopyBatch` list of one manager plan on one
   CUDA stream, in plan order (a cascade's colder moves come first, so slots they free can be
   refilled by later batches of the same plan). Each batch gets a path from a
-  :class:`~hw.copy_select.CopySelector` (or a fixed path), is bracketed by CUDA events, and yields
+  :class:`~kvsim.model.copy_select.CopySelector` (or a fixed path), is bracketed by CUDA events, and yields
   a :class:`BatchRecord`: predicted device/host seconds next to the measured host submission time
   (``perf_counter``) and device time (events). When the stream is idle, a batch's event time
   includes the wait for its own submission (what a caller that issues and waits sees).
@@ -60,7 +60,7 @@ class BatchRecord:
 class PlanCopier:
     """Runs copy batches on ``stream`` with ``pools`` (:class:`hw.pools.HostDevicePools`).
 
-    ``selector``: a :class:`hw.copy_select.CopySelector`; or ``path`` to force one path for every
+    ``selector``: a :class:`kvsim.model.copy_select.CopySelector`; or ``path`` to force one path for every
     batch (then nothing is predicted). ``stream``: a non-blocking CuPy stream (created if None).
     """
 

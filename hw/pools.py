@@ -311,7 +311,7 @@ class HostDevicePools:
 
     def default_ctas(self, direction: str) -> int:
         if self.hardware is not None and direction != "intra":
-            from kvsim.sim.copy_paths import grid_ctas
+            from kvsim.model.copy_paths import grid_ctas
 
             return grid_ctas(self.hardware, direction)
         return FALLBACK_CTAS[direction]

@@ -14,9 +14,9 @@ import threading
 import time
 from collections import deque
 
-from kvsim.manager.locking import LockMode
-from kvsim.sim.lock_holds import LockHolds
-from kvsim.sim.records import Acquisition
+from kvsim.runtime.apis import LockMode
+from kvsim.runtime.lock_holds import LockHolds
+from kvsim.runtime.records import Acquisition
 
 
 class ThreadedSharedMutex(LockHolds):

@@ -9,8 +9,8 @@ from functools import lru_cache
 
 from kvsim.errors import KvsimError
 from kvsim.hardware import HardwareSpec, load_hardware
+from kvsim.model.copy_paths import PATHS, CopyRequest, estimate
 from kvsim.output_dir import OutputDirError, open_output_dir
-from kvsim.sim.copy_paths import PATHS, CopyRequest, estimate
 
 FIELDS = ("hardware", "path", "direction", "page_bytes", "pages", "ctas", "inflight_bytes",
           "bidirectional", "aligned")
@@ -71,8 +71,8 @@ def add_parser(sub) -> None:
 def _run_compare(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from kvsim.calibration.copy_compare import write_comparison
     from kvsim.calibration.copy_fit import compare, observations
-    from kvsim.report.copy_compare import write_comparison
 
     if not args.hardware:
         print("kvsim copy-model --compare needs --hardware", file=sys.stderr)

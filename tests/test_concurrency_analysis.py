@@ -9,11 +9,11 @@ import pytest
 
 from kvsim.hardware import load_hardware
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.model.cpu_cost import load_cpu_model
+from kvsim.runtime.steps import Call, Sleep
 from kvsim.scenario.explore import explore, schedule_seeds
 from kvsim.scenario.run import execute, load_scenario_file, variant_scenario
-from kvsim.sim.cpu_cost import load_cpu_model
 from kvsim.sim.executor import SimExecutor, SimOptions
-from kvsim.workloads.steps import Call, Sleep
 
 DATA = Path(__file__).parent / "data"
 BUGS = Path(__file__).resolve().parents[1] / "scenarios" / "bugs"

@@ -14,9 +14,10 @@ from kvsim.calibration import gil_fit
 from kvsim.calibration import gil_handover as gh
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_hardware
-from kvsim.sim.cpu_cost import load_cpu_model
+from kvsim.model.cpu_cost import load_cpu_model
+from kvsim.model.handover import Handover
 from kvsim.sim.executor import MAIN_THREAD, SimExecutor, SimOptions
-from kvsim.sim.gil import Gil, Handover
+from kvsim.sim.gil import Gil
 
 
 def hog(env, gil, name, seconds, log):

@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from hw.rwlock import ThreadedSharedMutex
-from kvsim.manager.locking import LockMode
-from kvsim.sim.records import LockHazardError
+from kvsim.runtime.apis import LockMode
+from kvsim.runtime.records import LockHazardError
 
 EX, SH = LockMode.EXCLUSIVE, LockMode.SHARED
 

@@ -503,7 +503,8 @@ def test_destructor_closes_the_cache(mgr):
 
 
 def test_lock_table_declares_every_public_api():
-    from kvsim.manager import API_LOCK_MODES, KvCache, LockMode, PlannedDrop, lock_mode
+    from kvsim.manager import KvCache, PlannedDrop
+    from kvsim.runtime.apis import API_LOCK_MODES, LockMode, lock_mode
 
     def public(cls):
         return {n for n in vars(cls) if not n.startswith("_")}

@@ -17,9 +17,9 @@ from kvsim.replay.cache_only import (
     max_reuse,
     replay_cache,
 )
+from kvsim.runtime.steps import Call, Sleep, Until
 from kvsim.traces.mooncake import load_mooncake
 from kvsim.workloads import mooncake as mooncake_workload
-from kvsim.workloads.steps import Call, Sleep, Until
 
 REPO = Path(__file__).resolve().parents[1]
 HANDMADE = REPO / "scenarios" / "traces" / "mooncake_handmade.jsonl"
@@ -272,7 +272,7 @@ def test_timed_workload_steps_of_one_request():
 
 def run_sim(mgr, spec, check: bool = True):
     from kvsim.hardware import load_hardware
-    from kvsim.sim.cpu_cost import load_cpu_model
+    from kvsim.model.cpu_cost import load_cpu_model
     from kvsim.sim.executor import SimExecutor, SimOptions
 
     wl, stats = mooncake_workload.build(mgr.config, spec, mgr)

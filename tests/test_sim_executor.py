@@ -105,10 +105,10 @@ def test_reader_and_writer_preference_differ_for_probes_during_a_resize(tmp_path
 def test_a_binding_that_keeps_the_gil_while_a_callback_needs_it_is_reported_stuck(tmp_path):
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
+    from kvsim.model.cpu_cost import load_cpu_model
+    from kvsim.runtime.steps import Call, Sleep
     from kvsim.scenario.schema import parse_scenario
-    from kvsim.sim.cpu_cost import load_cpu_model
     from kvsim.sim.executor import SimExecutor, SimOptions
-    from kvsim.workloads.steps import Call, Sleep
 
     sf = scenario(tmp_path)
     sc = parse_scenario(sf.data, sf.source)

@@ -11,7 +11,7 @@ import simpy
 
 from kvsim.errors import ConfigError
 from kvsim.hardware import load_hardware
-from kvsim.sim.copy_paths import (
+from kvsim.model.copy_paths import (
     CopyRequest,
     batch_curve_gbps,
     estimate,
@@ -19,7 +19,8 @@ from kvsim.sim.copy_paths import (
     kernel_rate_gbps,
     tiling_efficiency,
 )
-from kvsim.sim.link import Link, max_min_share
+from kvsim.model.link_share import max_min_share
+from kvsim.sim.link import Link
 
 TOY = Path(__file__).parent / "data" / "toy-hardware.json"
 

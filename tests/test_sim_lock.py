@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from kvsim.manager.locking import LockMode
+from kvsim.runtime.apis import LockMode
 from kvsim.sim.gil import Gil
 from kvsim.sim.rwlock import LockHazardError, ReentrantSharedMutex
 

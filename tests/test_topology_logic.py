@@ -24,7 +24,7 @@ from hw.topology import (
     to_hardware_json,
 )
 from kvsim.hardware import load_hardware
-from kvsim.sim.copy_paths import grid_ctas
+from kvsim.model.copy_paths import grid_ctas
 
 NS = 3  # NVML_ERROR_NOT_SUPPORTED
 
@@ -231,7 +231,8 @@ def test_detect_command_in_a_fresh_process_without_cuda():
 
 
 def test_topology_and_detect_modules_import_no_gpu_library():
-    code = ("import sys, hw.topology, hw.pools, hw.copy_select, hw.executor_copies, kvsim.cli_detect\n"
+    code = ("import sys, hw.topology, hw.pools, kvsim.model.copy_select, hw.executor_copies, "
+            "kvsim.cli_detect\n"
             "print(','.join(m for m in ('cupy', 'pynvml', 'cuda', 'torch', 'simpy') "
             "if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

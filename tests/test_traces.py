@@ -10,6 +10,7 @@ import pytest
 
 from kvsim.errors import ConfigError, InvalidArgumentError, InvalidStateError
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.runtime.steps import Call, Until
 from kvsim.traces import MAX_LISTED_SKIPS, TraceError
 from kvsim.traces.mooncake import (
     BLOCK_TOKENS,
@@ -28,7 +29,6 @@ from kvsim.traces.op_trace import (
     write_op_trace,
 )
 from kvsim.workloads import op_trace as op_workload
-from kvsim.workloads.steps import Call, Until
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "scenarios" / "traces"
@@ -403,7 +403,7 @@ def test_op_trace_unknown_cache_fails_clearly_naming_the_line(tmp_path):
 
 def test_op_trace_through_the_sim_executor_records_failed_calls(tmp_path):
     from kvsim.hardware import load_hardware
-    from kvsim.sim.cpu_cost import load_cpu_model
+    from kvsim.model.cpu_cost import load_cpu_model
     from kvsim.sim.executor import SimExecutor
 
     src = SAMPLES / "op_trace_example.jsonl"

@@ -68,7 +68,7 @@ def test_calibrate_fits_the_gil_hand_over_by_simulating_its_benchmark(tmp_path, 
     from kvsim.calibration import gil_fit
     from kvsim.calibration import gil_handover as gh
     from kvsim.cli import main
-    from kvsim.sim.cpu_cost import load_cpu_model
+    from kvsim.model.cpu_cost import load_cpu_model
 
     monkeypatch.setattr(gil_fit, "GRID_SHARES", (0.3,))
     monkeypatch.setattr(gil_fit, "GRID_EXPONENTS", (-0.5,))

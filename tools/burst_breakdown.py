@@ -49,12 +49,12 @@ def main() -> int:
 
     import hw.copier
     from hw.copy_kernels import copy_pages
-    from hw.copy_select import CopySelector
     from hw.executor_copies import PlanCopier
     from hw.gpu_clocks import gpu_identity, keep_busy, sm_clock_mhz
     from hw.pools import HostDevicePools
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
+    from kvsim.model.copy_select import CopySelector
     from kvsim.scenario.run import execute, load_scenario
 
     captured = []

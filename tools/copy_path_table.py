@@ -1,6 +1,6 @@
 """The issue-5 copy-path table from a copy-bench measurement: GB/s per path, direction and page
 size (batches of ~100 MB or 256 MB), next to the contiguous copy-engine plateau of the same run,
-and the path hw.copy_select picks for that batch with its measured rate as a share of the plateau.
+and the path kvsim.model.copy_select picks for that batch with its measured rate as a share of the plateau.
 
 Usage: python tools/copy_path_table.py MEASUREMENT.json [total|device] > TABLE.md
 (total: the selector minimises device + host submission time; device: device time alone)
@@ -9,8 +9,8 @@ Usage: python tools/copy_path_table.py MEASUREMENT.json [total|device] > TABLE.m
 import json
 import sys
 
-from hw.copy_select import CopySelector
 from kvsim.hardware import load_hardware
+from kvsim.model.copy_select import CopySelector
 
 meas = json.load(open(sys.argv[1]))
 hw = load_hardware("h200-sxm")

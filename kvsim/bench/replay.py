@@ -99,7 +99,7 @@ def timed(trace_path: str, max_requests: int | None = None, client_threads: int 
           probe_on_arrival: bool = True) -> dict:
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
-    from kvsim.sim.cpu_cost import load_cpu_model
+    from kvsim.model.cpu_cost import load_cpu_model
     from kvsim.sim.executor import SimExecutor, SimOptions
     from kvsim.traces.mooncake import load_mooncake
     from kvsim.workloads.mooncake import MooncakeReplayWorkload, build

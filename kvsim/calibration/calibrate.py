@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     write_preset()
     if gil is not None:
         from kvsim.calibration import host_speed
-        from kvsim.sim.cpu_cost import load_cpu_model
+        from kvsim.model.cpu_cost import load_cpu_model
 
         gil["host_speed"] = host_speed.factor(load_cpu_model(preset_file), gil_runs)
         say(f"host speed over the GIL benchmark: x {gil['host_speed']['factor']:.3f} the CPU fit's")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvsim.hardware.spec import HardwareSpec
-from kvsim.sim.copy_paths import CopyRequest, estimate
+from kvsim.model.copy_paths import CopyRequest, estimate
 
 KIB = 1024
 MIB = 1024 * KIB

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kvsim.calibration import gil_handover as gh
-from kvsim.sim.gil import Handover
+from kvsim.model.handover import Handover
 
 INTERRUPTED_OVER_MEDIAN = 3.0
 

@@ -51,9 +51,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.runtime.steps import Step
 from kvsim.workloads import burst_resize
 from kvsim.workloads.concurrent_probe import prober
-from kvsim.workloads.steps import Step
 
 # The benchmark's shape: the probe is the CPU model's 4096-token fit probe, on the CPU fit's
 # one-pool manager, run with 4 and with 12 threads (two thread counts tell how the hand-over

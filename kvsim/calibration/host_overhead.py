@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
-from kvsim.manager.locking import LockMode
+from kvsim.runtime.apis import LockMode
 
 
 def lock_costs(loops: int = 2000, repeats: int = 7) -> dict[str, dict]:
@@ -52,7 +52,7 @@ def lock_costs(loops: int = 2000, repeats: int = 7) -> dict[str, dict]:
 
 def executor_call_overhead(calls: int = 400) -> dict:
     from hw.executor import HwExecutor, HwOptions, NullCopier
-    from kvsim.workloads.steps import Call
+    from kvsim.runtime.steps import Call
 
     config = ManagerConfig(layers=(LayerConfig(slot_bytes=(8192, 8192)),),
                            levels=(LevelConfig("gpu", 1024 * 16384), LevelConfig("host", 1024 * 16384)),

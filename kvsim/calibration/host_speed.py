@@ -8,7 +8,7 @@ judged runs (tools/interleaved_runs.sh) it samples the minutes they ran in. The 
 probe latencies over the runs, over what the preset prices that probe at (the executor's
 per-call host cost plus the manager's work for its counts), is the **host speed factor**: a CPU
 preset with ``host_speed_factor`` stretches every host cost by it when loaded
-(:func:`kvsim.sim.cpu_cost.load_cpu_model`). The median probe is one nobody interrupted, so the
+(:func:`kvsim.model.cpu_cost.load_cpu_model`). The median probe is one nobody interrupted, so the
 GIL hand-over does not enter it.
 """
 
@@ -18,7 +18,7 @@ import numpy as np
 
 from kvsim.calibration import gil_handover as gh
 from kvsim.manager.plan import WorkCounts
-from kvsim.sim.cpu_cost import CpuCostModel
+from kvsim.model.cpu_cost import CpuCostModel
 
 
 def bench_probe_counts() -> WorkCounts:

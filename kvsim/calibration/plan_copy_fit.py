@@ -3,7 +3,7 @@
 Fitted, per direction, on the kernel rows (the kernel forced to N CTAs; CUDA-event device time):
 ``kernel.page_latency_us`` (the per-page term of each CTA window) and ``copier.batch_device_us``
 (device time before the batch's first launch runs), by grid search minimising the mean absolute
-percentage error of :func:`kvsim.sim.copy_paths.estimate` summed over the batch's pools, every
+percentage error of :func:`kvsim.model.copy_paths.estimate` summed over the batch's pools, every
 other kernel figure taken from the hardware spec given. Fitted on the selector rows (host
 ``perf_counter`` around ``PlanCopier.submit`` with the path selector): ``copier.submit_batch_host_us``
 and ``copier.submit_page_host_us``, by non-negative least squares on the submission time less
@@ -22,7 +22,7 @@ import numpy as np
 
 from kvsim.calibration.cpu_fit import nnls
 from kvsim.hardware.spec import DIRECTIONS, HardwareSpec, PerDirection
-from kvsim.sim.copy_paths import CopyRequest, estimate
+from kvsim.model.copy_paths import CopyRequest, estimate
 
 PAGE_LATENCY_GRID_US = np.round(np.arange(0.0, 1.0001, 0.01), 4)
 BATCH_DEVICE_GRID_US = np.arange(0.0, 250.0001, 2.5)

@@ -2,24 +2,20 @@
 
 from kvsim.manager.config import LayerConfig, LevelConfig, ManagerConfig, StorageLayout
 from kvsim.manager.kv_cache import CacheStatus, KvCache, PlannedDrop
-from kvsim.manager.locking import API_LOCK_MODES, LockMode, lock_mode
 from kvsim.manager.manager import KVCacheManager, ProbeResult
 from kvsim.manager.plan import CopyBatch, Plan, WorkCounts
 
 __all__ = [
-    "API_LOCK_MODES",
     "CacheStatus",
     "CopyBatch",
     "KVCacheManager",
     "KvCache",
     "LayerConfig",
     "LevelConfig",
-    "LockMode",
     "ManagerConfig",
     "Plan",
     "PlannedDrop",
     "ProbeResult",
     "StorageLayout",
     "WorkCounts",
-    "lock_mode",
 ]

@@ -35,6 +35,7 @@ from typing import Any
 from kvsim.errors import KvsimError
 from kvsim.manager import KVCacheManager
 from kvsim.manager.invariants import find_violations
+from kvsim.runtime.steps import Call, Sleep, Until, Workload
 from kvsim.scenario.schema import Scenario, Variant, parse_scenario
 from kvsim.scenario.source import Source, apply_overrides, load_yaml
 from kvsim.workloads import (
@@ -45,7 +46,6 @@ from kvsim.workloads import (
     op_trace,
     seed_concurrency,
 )
-from kvsim.workloads.steps import Call, Sleep, Until, Workload
 
 RESULTS_SCHEMA_VERSION = 1
 CSV_FIELDS = ("index", "thread", "phase", "api", "ok", "start_ms", "latency_ms", "lock_wait_ms",
@@ -149,7 +149,7 @@ def _execute_plan(scenario: Scenario) -> dict:
     def run(call: Call, thread: str) -> None:
         result, error = _invoke_untimed(call)
         plan = manager.last_plan
-        manager.last_plan = None  # consumed, as the other executors do (kvsim.executor_common)
+        manager.last_plan = None  # consumed, as the other executors do (kvsim.runtime.checks)
         ok = not error and result is not False and (plan is None or plan.ok)
         records.append({
             "index": len(records), "thread": thread, "phase": call.phase, "api": call.api,
@@ -213,7 +213,7 @@ def _merge_by_time(threads: dict) -> Iterator[tuple[str, Call]]:
 
 def _execute_sim(scenario: Scenario, progress=None) -> dict:
     from kvsim.hardware import load_hardware
-    from kvsim.sim.cpu_cost import load_cpu_model
+    from kvsim.model.cpu_cost import load_cpu_model
     from kvsim.sim.executor import SimExecutor, SimOptions
 
     hardware = load_hardware(scenario.hardware)
@@ -286,8 +286,8 @@ def _execute_hw_once(scenario: Scenario) -> dict:
     s, h = scenario.sim, scenario.hw
     recorder = None
     if h.record_trace:
+        from kvsim.runtime.recording import to_trace_op
         from kvsim.traces.op_trace import OpTraceWriter
-        from kvsim.traces.recording import to_trace_op
 
         recorder = OpTraceWriter(h.record_trace)
     setup_failed, unrecorded_setup = [], 0
@@ -344,7 +344,7 @@ def _execute_hw_once(scenario: Scenario) -> dict:
 def _timed_results(scenario: Scenario, manager: KVCacheManager, run, records: list[dict],
                    deadlocks: list[dict], hardware) -> dict:
     """The results both timed executors (sim, hw) share, from a run's records."""
-    from kvsim.sim import metrics
+    from kvsim.runtime import metrics
 
     lock = metrics.lock_summary(run)
     out = _common(scenario, manager, records, run.violations) | {

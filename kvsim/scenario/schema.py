@@ -500,7 +500,7 @@ def _sim(f: Fields) -> SimSettings:
     gil = f.raw("gil_release", {})
     if not isinstance(gil, dict):
         raise f.error("gil_release", "must be a mapping of API name to true/false")
-    from kvsim.manager.locking import API_LOCK_MODES
+    from kvsim.runtime.apis import API_LOCK_MODES
 
     for api, flag in gil.items():
         if api not in API_LOCK_MODES:
@@ -562,7 +562,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def _expect_failures(f: Fields) -> tuple[str, ...]:
-    from kvsim.manager.locking import API_LOCK_MODES
+    from kvsim.runtime.apis import API_LOCK_MODES
 
     raw = f.raw("expect_failures", [])
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
@@ -600,7 +600,7 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
         _preset(top, "hardware", hardware, load_hardware)
     cpu_model = _resolve(top.str("cpu_model", "kvcm2-cpp"), source)
     if executor == "sim":
-        from kvsim.sim.cpu_cost import load_cpu_model
+        from kvsim.model.cpu_cost import load_cpu_model
 
         _preset(top, "cpu_model", cpu_model, load_cpu_model)
     manager = _manager(top.sub("manager", {

@@ -5,7 +5,7 @@ Each workload thread is a SimPy process. One API call goes through:
 1. **enter the binding** -- the thread takes the GIL and spends ``python_call_us / 2``;
 2. **GIL release** -- a binding that may block on the lock releases the GIL first (the fixed
    KVCM2 bindings; per API, ``gil_release``), or keeps it (the bug the seed fixed);
-3. **lock** -- in the API's declared mode (``kvsim.manager.locking``), reader- or writer-preferring;
+3. **lock** -- in the API's declared mode (``kvsim.runtime.apis``), reader- or writer-preferring;
 4. **manager step** -- the real manager runs the call at this instant and records a plan;
 5. **callbacks** -- priority-callback and event-sink calls re-take the GIL under the lock,
    ``callback_us`` each;
@@ -28,18 +28,18 @@ import numpy as np
 import simpy
 
 from kvsim.errors import KvsimError
-from kvsim.executor_common import DisciplineCheck, account_copies, invariant_violations, work_of
 from kvsim.hardware.spec import HardwareSpec
-from kvsim.manager.locking import API_LOCK_MODES, LockMode
 from kvsim.manager.manager import KVCacheManager
-from kvsim.sim.copy_paths import PATHS, CopyRequest
-from kvsim.sim.cpu_cost import CpuCostModel
+from kvsim.model.copy_paths import PATHS, CopyRequest
+from kvsim.model.cpu_cost import CpuCostModel
+from kvsim.runtime.apis import API_LOCK_MODES, LockMode
+from kvsim.runtime.checks import DisciplineCheck, account_copies, invariant_violations, work_of
+from kvsim.runtime.records import CallRecord, Deadlock, StuckThread
+from kvsim.runtime.steps import Call, Sleep, Step, Until
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
-from kvsim.sim.records import CallRecord, Deadlock, StuckThread
 from kvsim.sim.rwlock import LockHazardError, ReentrantSharedMutex
 from kvsim.sim.stream import CopyStream
-from kvsim.workloads.steps import Call, Sleep, Step, Until
 
 MAIN_THREAD = "MainThread"  # Python's name for the thread that starts the workload threads
 

@@ -30,25 +30,11 @@ picked at random.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
-
-@dataclass(frozen=True)
-class Handover:
-    """A measured GIL hand-over (see the module docstring).
-
-    ``hold``: (probabilities rising from 0 to 1, seconds not falling): quantiles of how long a
-    holder running Python keeps the GIL while one worker waits, counted from when it got the GIL
-    (or the first worker began to wait). ``starter_takeover_per_s``: the rate at which the thread
-    starting the others takes the GIL over (exponential waits) while one worker waits."""
-
-    hold: tuple[tuple[float, ...], tuple[float, ...]]
-    waiter_exponent: float = 0.0
-    recent_taker_share: float = 0.0
-    starter_takeover_per_s: float = 0.0
+from kvsim.model.handover import Handover
 
 
 class Gil:

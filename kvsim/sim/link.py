@@ -1,10 +1,5 @@
-"""The CPU-GPU link: two directions, fluid fair sharing, and the cost of running both at once.
-
-Each direction has a solo bandwidth. While both directions carry traffic, each gets
-``bidirectional_factor`` of its solo bandwidth (PCIe and C2C lose throughput to the shared
-protocol and memory traffic; the factor is measured). Inside a direction, concurrent transfers
-share max-min fairly, each capped by its own limit (its copy path's rate): the capped ones take
-their cap and the rest split what is left equally.
+"""The CPU-GPU link in simulated time: two directions, fluid fair sharing, and the cost of
+running both at once (the arithmetic: :mod:`kvsim.model.link_share`).
 
 Rates change only when a transfer starts or finishes; between those instants every transfer moves
 bytes at a constant rate, so the model is exact for this fluid description and costs O(transfers)
@@ -18,7 +13,8 @@ from dataclasses import dataclass
 import simpy
 
 from kvsim.hardware.spec import DIRECTIONS, HardwareSpec
-from kvsim.sim.records import LinkSegment, LinkStats
+from kvsim.model.link_share import link_rates
+from kvsim.runtime.records import LinkSegment, LinkStats
 
 GB = 1e9
 _EPS_BYTES = 1e-3
@@ -35,18 +31,6 @@ class Transfer:
     tag: str
     rate: float = 0.0
     started: float = 0.0
-
-
-def max_min_share(capacity: float, caps: list[float]) -> list[float]:
-    """Max-min fair rates for transfers with individual caps sharing ``capacity``."""
-    rates = [0.0] * len(caps)
-    order = sorted(range(len(caps)), key=lambda i: caps[i])
-    left, n = capacity, len(caps)
-    for k, i in enumerate(order):
-        share = left / (n - k)
-        rates[i] = min(caps[i], share)
-        left -= rates[i]
-    return rates
 
 
 class Link:
@@ -95,16 +79,10 @@ class Link:
         self.active = [t for t in self.active if t.remaining > _EPS_BYTES]
         for t in finished:
             t.done.succeed()
-        busy = {d: any(t.direction == d for t in self.active) for d in DIRECTIONS}
-        both = all(busy.values())
-        for d in DIRECTIONS:
-            group = [t for t in self.active if t.direction == d]
-            if not group:
-                continue
-            capacity = self.solo_bps[d] * (self.bidirectional_factor if both else 1.0)
-            caps = [t.cap_both if both else t.cap for t in group]
-            for t, rate in zip(group, max_min_share(capacity, caps)):
-                t.rate = rate
+        rates = link_rates(self.solo_bps, self.bidirectional_factor,
+                           [(t.direction, t.cap, t.cap_both) for t in self.active])
+        for t, rate in zip(self.active, rates):
+            t.rate = rate
         self._generation += 1
         if self.active:
             dt = min(t.remaining / t.rate for t in self.active)

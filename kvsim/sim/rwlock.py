@@ -27,9 +27,9 @@ from collections.abc import Iterator
 
 import simpy
 
-from kvsim.manager.locking import LockMode
-from kvsim.sim.lock_holds import LockHolds
-from kvsim.sim.records import Acquisition, LockHazardError
+from kvsim.runtime.apis import LockMode
+from kvsim.runtime.lock_holds import LockHolds
+from kvsim.runtime.records import Acquisition, LockHazardError
 
 __all__ = ["LockHazardError", "ReentrantSharedMutex"]
 

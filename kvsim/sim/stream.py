@@ -17,9 +17,9 @@ import simpy
 
 from kvsim.hardware.spec import HardwareSpec
 from kvsim.manager.plan import COPY_INTRA, CopyBatch
-from kvsim.sim.copy_paths import CopyRequest, device_work, host_seconds
+from kvsim.model.copy_paths import CopyRequest, device_work, host_seconds
+from kvsim.runtime.records import CopyRecord
 from kvsim.sim.link import GB, Link
-from kvsim.sim.records import CopyRecord
 
 
 class CopyStream:
@@ -48,7 +48,7 @@ class CopyStream:
         if path != "select":
             return [CopyRequest(path, batch.kind, batch.page_bytes, batch.num_pages, ctas,
                                 self.inflight_bytes, aligned=self.aligned)]
-        from hw.copy_select import CopySelector
+        from kvsim.model.copy_select import CopySelector
 
         if self._selector is None:
             self._selector = CopySelector(self.hw)

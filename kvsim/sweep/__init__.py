@@ -4,7 +4,7 @@
 ``--method random|lhs``), runs each as an ordinary scenario run with its overrides and a
 per-point seed (:mod:`kvsim.sweep.points`), on a local process pool or on Dask distributed
 (:mod:`kvsim.sweep.backends`), and writes one tidy table, one row per point
-(:mod:`kvsim.sweep.table`), plus a capacity-planning report (:mod:`kvsim.report.sweep_report`).
+(:mod:`kvsim.sweep.table`), plus a capacity-planning report (:mod:`kvsim.sweep.report`).
 
 A scenario file may carry a ``sweep:`` block (:mod:`kvsim.sweep.spec`) that the command reads
 when no ``--param`` is given; ``scenarios/sweeps/example.yaml`` is one.

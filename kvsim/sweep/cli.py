@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 def run_report(args: argparse.Namespace) -> int:
     try:
         from kvsim.output_dir import open_output_dir
-        from kvsim.report.sweep_report import write_sweep_report
+        from kvsim.sweep.report import write_sweep_report
         from kvsim.sweep.table import read_table
 
         table = read_table(args.table)

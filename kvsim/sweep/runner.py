@@ -2,7 +2,7 @@
 
 Output directory (default ``reports/sweeps/<scenario name>/``): ``results.parquet`` and
 ``results.csv`` (the table, :mod:`kvsim.sweep.table`), ``sweep.json`` (the definition that made
-it), and ``report.md`` with its figures (:mod:`kvsim.report.sweep_report`).
+it), and ``report.md`` with its figures (:mod:`kvsim.sweep.report`).
 
 A re-run into the same directory skips the points already there with status ``ok`` (same point
 id: same scenario content, parameters, fixed overrides and seed) and runs the others, failed
@@ -91,7 +91,7 @@ def run_sweep(sweep: Sweep, out_dir: str | Path | None = None, backend: str = "l
                            dropped, errors=[r["error"] for r in rows.values()
                                             if r["point_id"] in ids and r["status"] != "ok"])
     if report:
-        from kvsim.report.sweep_report import write_sweep_report
+        from kvsim.sweep.report import write_sweep_report
 
         outcome.report = write_sweep_report(table, out, latency_target_ms=latency_target_ms,
                                             sweep=sweep.to_dict())

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
-from kvsim.workloads.steps import Call, Workload
+from kvsim.runtime.steps import Call, Workload
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.manager import KVCacheManager, ManagerConfig
+from kvsim.runtime.steps import Call, Sleep, Step, Until, Workload
 from kvsim.workloads import burst_resize
-from kvsim.workloads.steps import Call, Sleep, Step, Until, Workload
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
-from kvsim.workloads.steps import Call, Sleep, Step, Workload
+from kvsim.runtime.steps import Call, Sleep, Step, Workload
 
 
 @dataclass(frozen=True)

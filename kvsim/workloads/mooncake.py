@@ -33,8 +33,8 @@ from pathlib import Path
 
 from kvsim.errors import ConfigError
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+from kvsim.runtime.steps import Call, Sleep, Step, Until, Workload
 from kvsim.traces.mooncake import MooncakeRequest, MooncakeTrace, load_mooncake, output_tokens_for, tokens_for
-from kvsim.workloads.steps import Call, Sleep, Step, Until, Workload
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from kvsim.errors import InvalidArgumentError, KvsimError
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+from kvsim.runtime.steps import Call, Step, Until, Workload
 from kvsim.traces.op_trace import OpTrace, TraceOp, load_op_trace
-from kvsim.workloads.steps import Call, Step, Until, Workload
 
 OP_TO_API = {
     "create_kv_cache": "KVCacheManager.create_kv_cache",

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, PlannedDrop
+from kvsim.runtime.steps import Call, Sleep, Step, Workload
 from kvsim.workloads import concurrent_probe
-from kvsim.workloads.steps import Call, Sleep, Step, Workload
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from hwtest_support import burst_scenario, numpy_signature, two_group_config
 
-from hw.copy_select import CopySelector, plateau_ctas, select_path
 from hw.executor_copies import SignatureTracker
 from hw.pools import (
     InsufficientMemoryError,
@@ -26,7 +25,8 @@ from hw.pools import (
 from kvsim.hardware import load_hardware
 from kvsim.manager import KVCacheManager
 from kvsim.manager.plan import CopyBatch
-from kvsim.sim.copy_paths import CopyRequest, estimate, grid_ctas
+from kvsim.model.copy_paths import CopyRequest, estimate, grid_ctas
+from kvsim.model.copy_select import CopySelector, plateau_ctas, select_path
 
 H200 = load_hardware("h200-sxm")
 
@@ -75,7 +75,7 @@ def test_ce_batch_is_one_call_for_all_pools():
 
 
 def test_plateau_ctas_reaches_the_fraction():
-    from kvsim.sim.copy_paths import kernel_rate_gbps
+    from kvsim.model.copy_paths import kernel_rate_gbps
 
     for d in ("offload", "onboard"):
         n = plateau_ctas(H200, d)

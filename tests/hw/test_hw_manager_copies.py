@@ -34,9 +34,9 @@ def cp():
 
 @pytest.mark.parametrize("path", ["kernel", "ce-batch", "ce-page", "selected"])
 def test_manager_plans_execute_and_verify(cp, path, caplog):
-    from hw.copy_select import CopySelector
     from hw.executor_copies import PlanCopier, SignatureTracker
     from hw.pools import HostDevicePools
+    from kvsim.model.copy_select import CopySelector
 
     if path in ("ce-batch", "selected"):
         bindings_or_skip()

@@ -1,6 +1,6 @@
 """Recording what an executor ran as an op trace (:mod:`kvsim.traces.op_trace`), for replay.
 
-:func:`to_trace_op` turns one executed :class:`~kvsim.workloads.steps.Call` and its record into a
+:func:`to_trace_op` turns one executed :class:`~kvsim.runtime.steps.Call` and its record into a
 :class:`TraceOp`; calls that the op-trace format cannot express (statistics reads, destructors
 other than a cache's, planned drops) or whose tokens the workload did not expose are returned as
 ``None`` and counted by the caller.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvsim.runtime.steps import Call
 from kvsim.traces.op_trace import TraceOp
-from kvsim.workloads.steps import Call
 
 API_TO_OP = {
     "KVCacheManager.create_kv_cache": "create_kv_cache",

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kvsim.manager.locking import LockMode
-from kvsim.sim.records import POLICIES, Acquisition, LockHazard, LockHazardError
+from kvsim.runtime.apis import LockMode
+from kvsim.runtime.records import POLICIES, Acquisition, LockHazard, LockHazardError
 
 
 class LockHolds:

@@ -14,7 +14,7 @@ from kvsim.manager.fingerprint import state_digest
 from kvsim.manager.invariants import find_violations
 from kvsim.manager.manager import KVCacheManager, ProbeResult
 from kvsim.manager.plan import CopyBatch, WorkCounts
-from kvsim.sim.records import CallRecord
+from kvsim.runtime.records import CallRecord
 
 
 def work_of(manager: KVCacheManager, result: object) -> tuple[WorkCounts, list[CopyBatch]]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.sim.records import CallRecord
+from kvsim.runtime.records import CallRecord
 
 
 def distribution_ms(values_s: list[float]) -> dict[str, float | int]:

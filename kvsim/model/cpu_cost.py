@@ -18,7 +18,7 @@ from pathlib import Path
 from kvsim.errors import ConfigError
 from kvsim.hardware.spec import load_preset_json
 from kvsim.manager.plan import WorkCounts
-from kvsim.sim.gil import Handover
+from kvsim.model.handover import Handover
 
 CPU_PRESET_DIR = Path(__file__).resolve().parents[1] / "hardware" / "cpu"
 UNITS = tuple(f.name for f in fields(WorkCounts))

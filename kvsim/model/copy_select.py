@@ -1,7 +1,7 @@
 """Pick the copy path for each batch from calibration data (a HardwareSpec), and log the choice.
 
 For a batch (direction, the pool slot sizes of its pool group, number of pages, alignment), every
-candidate path is priced with :func:`kvsim.sim.copy_paths.estimate` -- the same model the
+candidate path is priced with :func:`kvsim.model.copy_paths.estimate` -- the same model the
 simulator uses, fed by a hardware JSON fitted to measurements (for example the ``h200-sxm``
 preset, or ``kvsim detect --write-hardware`` on top of one) -- and the path with the least
 ``device seconds + host submission seconds`` wins. The link kind alone decides nothing (KVCM2's
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from kvsim.hardware.spec import HardwareSpec
 from kvsim.manager.plan import COPY_INTRA, CopyBatch
-from kvsim.sim.copy_paths import (
+from kvsim.model.copy_paths import (
     GB,
     PATHS,
     CopyEstimate,

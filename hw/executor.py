@@ -1,17 +1,18 @@
 """HwExecutor: the same workloads and manager on real threads, a real lock and real copies.
 
-Each workload thread is a Python thread. One API call: take the real
-:class:`~hw.rwlock.ThreadedSharedMutex` in the API's declared mode, run the manager, submit the
-plan's copy batches to the copier (real copies on a CUDA stream with :class:`hw.executor_copies`,
-or nothing with :class:`NullCopier`), release the lock, return (or wait for the copies). Times are
-``time.perf_counter`` seconds from the start of the run; copy start and end come from CUDA events
-converted to the same timeline by the copier. The run comes back as a :class:`HwRun` with the
-fields the simulator's metrics read, so both executors produce the same results format.
+Each workload thread is a Python thread running :func:`kvsim.runtime.pipeline.thread_steps`;
+this module performs the pipeline's effects for real: the lock is the real
+:class:`~hw.rwlock.ThreadedSharedMutex` in the API's declared mode, the manager call is timed
+with ``time.perf_counter`` (that is its CPU time), the plan's copy batches go to the copier (real
+copies on a CUDA stream with :class:`hw.executor_copies`, or nothing with :class:`NullCopier`),
+sleeps sleep. Times are ``time.perf_counter`` seconds from the start of the run; copy start and
+end come from CUDA events converted to the same timeline by the copier. The run comes back as the
+same :class:`~kvsim.runtime.records.RunResult` the simulator produces.
 
 Python's own GIL is real here: the manager is Python, so a thread runs it holding the GIL and
-blocks on the manager lock with the GIL released (``threading.Condition.wait``). The binding-level
-GIL bug of KVCM2's C++ bindings therefore cannot be reproduced in this mode (the simulator
-models it).
+blocks on the manager lock with the GIL released (``threading.Condition.wait``); the GIL effects
+of the pipeline are nothing to do. The binding-level GIL bug of KVCM2's C++ bindings therefore
+cannot be reproduced in this mode (the simulator models it).
 """
 
 from __future__ import annotations
@@ -19,17 +20,25 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from hw.rwlock import ThreadedSharedMutex
-from kvsim.errors import KvsimError
 from kvsim.manager.manager import KVCacheManager
 from kvsim.manager.plan import CopyBatch
-from kvsim.runtime.apis import API_LOCK_MODES, LockMode
-from kvsim.runtime.checks import DisciplineCheck, account_copies, invariant_violations, work_of
+from kvsim.runtime import pipeline
+from kvsim.runtime.checks import invariant_violations
 from kvsim.runtime.recording import to_trace_op
-from kvsim.runtime.records import CallRecord, CopyRecord, LinkSegment, LinkStats, LockHazardError
-from kvsim.runtime.steps import Call, Sleep, Step, Until
+from kvsim.runtime.records import (
+    CallRecord,
+    CopyRecord,
+    GilStats,
+    LinkSegment,
+    LinkStats,
+    LockHazardError,
+    RunResult,
+    StuckThread,
+)
+from kvsim.runtime.steps import Call, Step
 
 
 class NullCopier:
@@ -73,39 +82,8 @@ class HwOptions:
     check_lock_discipline: bool = False
 
 
-@dataclass
-class _Gil:
-    """What the metrics read of a GIL: the real one is not observable, so nothing is counted."""
-
-    acquisitions: int = 0
-    wait_s: dict = field(default_factory=dict)
-
-
-@dataclass
-class _Link:
-    stats: LinkStats
-
-
-@dataclass
-class _Stream:
-    records: list[CopyRecord]
-
-
-@dataclass
-class HwRun:
-    calls: list[CallRecord]
-    lock: ThreadedSharedMutex
-    gil: _Gil
-    link: _Link
-    stream: _Stream
-    stuck: list
-    deadlocks: list
-    violations: list[dict]
-    end_time: float
-    events_processed: int
-    errors: list[str]
-    # thread -> [Thread.start() called, the thread's first Python], seconds from t0
-    thread_starts: dict[str, list[float]] = field(default_factory=dict)
+def _nothing(effect: object) -> None:
+    """The real GIL and real Python need no help: these effects happen by themselves."""
 
 
 class HwExecutor:
@@ -120,97 +98,88 @@ class HwExecutor:
         self.unrecorded = 0
         self.copier = copier or NullCopier()
         self.options = options or HwOptions()
+        opt = self.options
         self.t0 = time.perf_counter()
-        self.lock = ThreadedSharedMutex(self.options.lock_policy, t0=self.t0)
-        self.calls: list[CallRecord] = []
-        self.violations: list[dict] = []
+        self.lock = ThreadedSharedMutex(opt.lock_policy, t0=self.t0)
+        self.log = pipeline.CallLog(manager, self.now, self.lock, opt.wait_for_copies,
+                                    opt.check_invariants_per_call, opt.check_lock_discipline,
+                                    recorder=self._record if recorder is not None else None)
         self._errors: list[str] = []
         self.thread_starts: dict[str, list[float]] = {}
-        self._records_lock = threading.Lock()  # guards calls and violations across threads
+        self._records_lock = threading.Lock()  # guards the recorder across threads
+        p = pipeline
+        self._handlers = {
+            p.Python: _nothing, p.BindingWaits: _nothing, p.Nudge: _nothing,
+            p.Callbacks: _nothing, p.LeaveBinding: _nothing, p.AcquireLock: self._do_acquire,
+            p.Invoke: self._do_invoke,
+            p.SpendCpu: lambda e: (e.measured_s, {}), p.SubmitCopies: self._do_submit,
+            p.ReleaseLock: lambda e: self.lock.release(e.thread),
+            p.WaitCopies: self._do_wait_copies, p.SleepFor: lambda e: time.sleep(e.seconds),
+            p.SleepUntil: self._do_sleep_until}
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def _call(self, thread: str, call: Call) -> None:
-        opt = self.options
-        mode = API_LOCK_MODES.get(call.api, LockMode.NONE)
-        with self._records_lock:
-            rec = CallRecord(len(self.calls), thread, call.phase, call.api, call.args, mode.value,
-                             self.now())
-            self.calls.append(rec)
-        holding = False
-        if mode is not LockMode.NONE:
-            rec.lock_requested = self.now()
+    # -- the pipeline's effects, for real ------------------------------------------------------
+    def _drive(self, steps) -> None:
+        send = None
+        handlers = self._handlers
+        while True:
             try:
-                self.lock.acquire(thread, mode, call.api)
-            except LockHazardError as e:
-                rec.ok, rec.error, rec.end = False, f"LockHazardError: {e}", self.now()
+                effect = steps.send(send)
+            except StopIteration:
                 return
-            holding = True
-            rec.lock_granted = self.now()
-        exclusive = self.lock.owner == thread
-        check = DisciplineCheck(self.manager, opt.check_lock_discipline and not exclusive)
-        cpu0 = time.perf_counter()
-        try:
-            result = call.invoke()
-        except KvsimError as e:
-            result = None
-            rec.ok, rec.error = False, f"{type(e).__name__}: {e}"
-        rec.cpu_s = time.perf_counter() - cpu0
-        found = check.violation(rec, "shared" if thread in self.lock.readers else "no", self.now())
-        counts, copies = work_of(self.manager, result)
-        rec.result = result if isinstance(result, (bool, int)) else None
-        if result is False:
-            rec.ok = False
-        rec.counts = counts.to_dict()
-        submit0 = time.perf_counter()
-        submitted = [self.copier.submit(b, thread, call.api, self.now()) for b in copies]
-        rec.submit_s = time.perf_counter() - submit0
-        if copies:
-            self.copier.check_call(self.manager, copies)  # --verify: synchronises and checks
-        account_copies(rec, copies, counts)
-        new_violations = [found] if found else []
-        if mode is LockMode.EXCLUSIVE and opt.check_invariants_per_call:
-            new_violations += invariant_violations(self.manager, rec, self.now())
-        if holding:
-            self.lock.release(thread)
-            rec.lock_released = self.now()
-        if submitted and opt.wait_for_copies:
-            self.copier.wait(submitted)
-        rec.end = self.now()
-        rec._copies = submitted  # filled in with device times at the end of the run
-        op = None
-        if self.recorder is not None:
-            op = to_trace_op(call, thread, rec.start + self.record_offset_s, rec.ok, rec.result,
-                             rec.error, rec.end - rec.start)
-        if new_violations or self.recorder is not None:
-            with self._records_lock:
-                self.violations += new_violations
-                if self.recorder is not None:
-                    if op is None:
-                        self.unrecorded += 1
-                    else:
-                        self.recorder.write(op)
+            send = handlers[type(effect)](effect)
 
+    def _do_acquire(self, e: pipeline.AcquireLock) -> LockHazardError | None:
+        try:
+            self.lock.acquire(e.thread, e.mode, e.api)
+        except LockHazardError as hazard:
+            return hazard
+        return None
+
+    def _do_invoke(self, e: pipeline.Invoke) -> tuple:
+        t0 = time.perf_counter()
+        outcome = e.call.invoke()
+        return outcome, time.perf_counter() - t0
+
+    def _do_submit(self, e: pipeline.SubmitCopies) -> tuple[list[CopyRecord], float]:
+        t0 = time.perf_counter()
+        submitted = [self.copier.submit(b, e.thread, e.api, self.now()) for b in e.copies]
+        submit_s = time.perf_counter() - t0
+        if e.copies:
+            self.copier.check_call(self.manager, e.copies)  # --verify: synchronises and checks
+        return submitted, submit_s
+
+    def _do_wait_copies(self, e: pipeline.WaitCopies) -> None:
+        e.record._copies = e.handles  # their device times are known at the end of the run
+        if e.block:
+            self.copier.wait(e.handles)
+
+    def _do_sleep_until(self, e: pipeline.SleepUntil) -> None:
+        delay = e.time - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+    def _record(self, call: Call, thread: str, rec: CallRecord) -> None:
+        op = to_trace_op(call, thread, rec.start + self.record_offset_s, rec.ok, rec.result,
+                         rec.error, rec.end - rec.start)
+        with self._records_lock:
+            if op is None:
+                self.unrecorded += 1
+            else:
+                self.recorder.write(op)
+
+    # -- threads --------------------------------------------------------------------------------
     def _thread(self, name: str, steps: Iterator[Step]) -> None:
         self.thread_starts[name].append(self.now())
         try:
-            for step in steps:
-                if isinstance(step, Call):
-                    self._call(name, step)
-                elif isinstance(step, Sleep):
-                    time.sleep(step.seconds)
-                elif isinstance(step, Until):
-                    delay = step.time - self.now()
-                    if delay > 0:
-                        time.sleep(delay)
-                else:
-                    raise TypeError(f"unknown workload step {step!r}")
+            self._drive(pipeline.thread_steps(self.log, name, steps))
         except Exception as e:  # noqa: BLE001 - a thread's crash is reported, not lost
             self._errors.append(f"{name}: {type(e).__name__}: {e}")
 
     def run(self, threads: Mapping[str, Iterator[Step]], join_timeout_s: float = 600.0,
-            warm_gpu_ms: float = 0.0) -> HwRun:
+            warm_gpu_ms: float = 0.0) -> RunResult:
         """Run ``threads``; a GPU copier first warms up (and spins the GPU ``warm_gpu_ms``)."""
         if hasattr(self.copier, "warm_up"):
             self.copier.warm_up(warm_gpu_ms)
@@ -229,17 +198,19 @@ class HwExecutor:
             w.join(max(0.0, deadline - time.perf_counter()))
         stuck = [w.name for w in workers if w.is_alive()]
         self.copier.finish()
-        if not stuck and self.calls:
-            self.violations += invariant_violations(self.manager, self.calls[-1], self.now())
-        for rec in self.calls:
+        calls, violations = self.log.calls, self.log.violations
+        if not stuck and calls:
+            violations += invariant_violations(self.manager, calls[-1], self.now())
+        for rec in calls:
             done = [c.finished for c in getattr(rec, "_copies", []) if c.finished is not None]
             if done:
                 rec.copies_done = max(done)
-        return HwRun(self.calls, self.lock, _Gil(), _Link(self._link_stats()),
-                     _Stream(self.copier.records),
-                     [{"thread": t, "waits_for": "did not finish within the join timeout"}
-                      for t in stuck], [], self.violations, self.now(), len(self.calls),
-                     self._errors, self.thread_starts)
+        return RunResult(calls, self.copier.records, self._link_stats(), self.lock.policy,
+                         self.lock.log, self.lock.hazards, GilStats(),
+                         [StuckThread(t, self.log.current_api.get(t, ""),
+                                      "did not finish within the join timeout", [])
+                          for t in stuck], [], violations, self.now(), len(calls),
+                         self.thread_starts, self._errors)
 
     def _link_stats(self) -> LinkStats:
         stats = LinkStats()

@@ -11,8 +11,9 @@ from kvsim.manager.invariants import check_invariants
 
 def test_seed_workload_offloads_exactly_the_seed_counts():
     mgr, request, (burst,) = SeedWorkload().build()
-    assert burst.invoke() is True
-    plan = mgr.last_plan
+    outcome = burst.invoke()
+    assert outcome.value is True
+    plan = outcome.plan
     assert plan.offloaded_pages == 6380
     assert plan.offloaded_bytes == 104_529_920  # 99.69 MiB
     assert plan.counts.pages_allocated == 6380
@@ -23,14 +24,15 @@ def test_seed_workload_offloads_exactly_the_seed_counts():
 
 def test_without_eviction_nothing_moves():
     mgr, _request, (burst,) = SeedWorkload(fill_gpu=False).build()
-    assert burst.invoke() is True
-    assert mgr.last_plan.offloaded_pages == 0
+    outcome = burst.invoke()
+    assert outcome.value is True and outcome.plan.offloaded_pages == 0
 
 
 def test_a_gpu_tier_too_small_for_the_request_fails_cleanly():
     mgr, _request, (burst,) = SeedWorkload(gpu_pages=512).build()
-    assert burst.invoke() is False  # 512 slots cannot hold 6380 locked pages
-    assert mgr.last_plan.ok is False
+    outcome = burst.invoke()
+    assert outcome.value is False  # 512 slots cannot hold 6380 locked pages
+    assert outcome.plan.ok is False
     check_invariants(mgr)
 
 

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from kvsim.hardware import load_hardware
-from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig, Outcome, Plan
 from kvsim.model.cpu_cost import load_cpu_model
-from kvsim.runtime.steps import Call, Sleep
+from kvsim.runtime.apis import Api
+from kvsim.runtime.steps import Call, Sleep, set_capacity
 from kvsim.scenario.explore import explore, schedule_seeds
-from kvsim.scenario.run import execute, load_scenario_file, variant_scenario
+from kvsim.scenario.load import load_scenario_file, variant_scenario
+from kvsim.scenario.run import execute
 from kvsim.sim.executor import SimExecutor, SimOptions
 
 DATA = Path(__file__).parent / "data"
@@ -42,7 +44,7 @@ def manager(drains: bool) -> KVCacheManager:
 @pytest.mark.parametrize("drains, expected", [(True, 1), (False, 0)])
 def test_lock_discipline_flags_a_mutation_under_a_shared_lock(drains, expected):
     mgr = manager(drains)
-    probe = Call("t", "KVCacheManager.probe_reuse", {}, lambda: mgr.probe([1, 2, 3, 4]))
+    probe = Call("t", Api.PROBE_REUSE, {}, lambda: mgr.probe_reuse.with_plan([1, 2, 3, 4]))
     run = executor(mgr).run({"p": iter([probe])})
     found = [v for v in run.violations if v["kind"] == "lock-discipline"]
     assert len(found) == expected
@@ -56,7 +58,8 @@ def test_lock_discipline_flags_a_mutation_under_a_shared_lock(drains, expected):
 
 def test_no_lock_at_all_is_a_violation_too():
     mgr = manager(False)
-    sneaky = Call("t", "KvCache.status", {}, lambda: mgr.tree.drain_root_erasures())
+    sneaky = Call("t", Api.STATUS, {},
+                  lambda: Outcome(mgr.tree.drain_root_erasures(), Plan("KvCache.status")))
     run = executor(mgr).run({"x": iter([sneaky])})
     assert [v["lock_held"] for v in run.violations] == ["no"]
 
@@ -70,12 +73,12 @@ def test_deadlock_cycle_is_reported_and_stops_the_run():
     assert a.resume() and b.resume() and b.resize(8)
 
     def antagonist():
-        yield Call("t", "KvCache.resize", {}, lambda: a.resize(40))
-        yield Call("t", "KvCache.suspend", {}, a.suspend)  # never reached
+        yield Call("t", Api.RESIZE, {}, lambda: a.resize.with_plan(40))
+        yield Call("t", Api.SUSPEND, {}, a.suspend.with_plan)  # never reached
 
     def victim():
         yield Sleep(0.5e-6)
-        yield Call("t", "KvCache.capacity.setter", {}, lambda: setattr(b, "capacity", 12))
+        yield Call("t", Api.CAPACITY_SETTER, {}, lambda: set_capacity(b, 12))
 
     def bystander():  # would run for a long simulated time: the deadlock stops the run early
         for _ in range(1000):

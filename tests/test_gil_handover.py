@@ -335,7 +335,8 @@ def test_the_python_manager_model_starves_the_writer_only_under_reader_preferenc
     probing threads get in first, as measured (reports/bugs/hw-vs-sim.md)."""
     from pathlib import Path
 
-    from kvsim.scenario.run import load_scenario_file, run_scenario
+    from kvsim.scenario.load import load_scenario_file
+    from kvsim.scenario.run import run_scenario
 
     root = Path(__file__).resolve().parents[1]
     sf = load_scenario_file(root / "scenarios" / "bugs" / "probe_starvation.yaml",

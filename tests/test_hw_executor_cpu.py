@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvsim.scenario.run import execute, load_scenario
+from kvsim.scenario.load import load_scenario
+from kvsim.scenario.run import execute
 
 REPO = Path(__file__).resolve().parents[1]
 BUGS = REPO / "scenarios" / "bugs"
@@ -58,11 +59,11 @@ workload:
 
 def test_warmup_runs_are_discarded_and_the_measured_run_is_reported(monkeypatch):
     """hw.warmup_runs runs the whole scenario first (fresh managers), then reports one run."""
-    import kvsim.scenario.run as run_module
+    import kvsim.scenario.executors as executors
 
     runs = []
-    real = run_module._execute_hw_once
-    monkeypatch.setattr(run_module, "_execute_hw_once", lambda sc: runs.append(sc) or real(sc))
+    real = executors._run_hw_once
+    monkeypatch.setattr(executors, "_run_hw_once", lambda sc: runs.append(sc) or real(sc))
     out = execute(load_scenario(BUGS / "probe_drain.yaml", [
         "executor=hw", "hw.copier=none", "workload.probes_per_thread=5", "hw.warmup_runs=2"]))
     assert len(runs) == 3

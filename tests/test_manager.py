@@ -114,8 +114,8 @@ def test_out_of_pages_returns_false_and_rolls_back():
     other = active(mgr, capacity=12)  # 3 LOCKED pages: not evictable
     cache = active(mgr, capacity=8)
     before = fingerprint(mgr)
-    assert cache.resize(40) is False  # needs 8 more pages; 3 free + 0 evictable
-    assert mgr.last_plan.ok is False
+    refused = cache.resize.with_plan(40)  # needs 8 more pages; 3 free + 0 evictable
+    assert refused.value is False and refused.plan.ok is False
     assert fingerprint(mgr) == before
     with pytest.raises(OutOfPagesError):
         cache.capacity = 40  # the property setter turns False into an error
@@ -220,9 +220,10 @@ def test_partial_reuse_copies_the_last_block():
     c.commit(tokens(0, 10))
     c.stop_committing()
     c.close()
-    new = mgr.create_kv_cache(tokens(0, 9))
+    created = mgr.create_kv_cache.with_plan(tokens(0, 9))
+    new = created.value
     assert new.num_committed_tokens == 9  # two full blocks and 1 token of the third
-    copies = mgr.last_plan.copies
+    copies = created.plan.copies
     assert len(copies) == 1 and copies[0].kind == "intra" and copies[0].num_pages == 1
     assert new.resume()
     assert new.resize(12)
@@ -288,11 +289,14 @@ def test_eviction_offloads_to_host_and_resume_onboards():
     mgr = KVCacheManager(small_config(gpu_pages=4, host_pages=8, max_util_for_resume=1.0))
     a = active(mgr, capacity=16)
     a.suspend()
-    b = active(mgr, capacity=16)  # evicts a's 4 HELD pages to the host
-    assert mgr.last_plan.offloaded_pages == 4
+    b = mgr.create_kv_cache()
+    assert b.resume()
+    grown = b.resize.with_plan(16)  # evicts a's 4 HELD pages to the host
+    assert grown.value and grown.plan.offloaded_pages == 4
     b.suspend()
-    assert a.resume()  # onboards a's pages, offloading b's
-    plan = mgr.last_plan
+    resumed = a.resume.with_plan()  # onboards a's pages, offloading b's
+    assert resumed.value
+    plan = resumed.plan
     assert plan.onboarded_pages == 4 and plan.offloaded_pages == 4
     kinds = [c.kind for c in plan.copies]
     assert kinds == ["offload", "onboard"]  # room is made before pages come in
@@ -311,11 +315,12 @@ def test_eviction_order_priority_then_lru_then_deepest():
     new.commit(tokens(200, 8))
     new.close()
     p = mgr.storage.pages
-    grow = active(mgr, capacity=12)  # 3 pages: both low-priority blocks, then old's deepest
-    assert mgr.last_plan.offloaded_pages == 3
-    victims = mgr.last_plan.copies[0].src_slots
+    grow = active(mgr)
+    grown = grow.resize.with_plan(12)  # 3 pages: both low-priority blocks, then old's deepest
+    assert grown.value and grown.plan.offloaded_pages == 3
+    victims = grown.plan.copies[0].src_slots
     gpu_alloc = mgr.storage.allocators[1][0]
-    moved = gpu_alloc.slot_to_page[mgr.last_plan.copies[0].dst_slots]
+    moved = gpu_alloc.slot_to_page[grown.plan.copies[0].dst_slots]
     assert p.priority[moved].tolist() == [10, 10, 35]
     assert p.depth[moved].tolist() == [1, 0, 1]  # deeper block before its prefix
     assert victims.size == 3
@@ -330,8 +335,10 @@ def test_last_level_drops_droppable_pages_but_never_held_ones():
     committed.close()  # 2 droppable pages on the GPU
     held = active(mgr, capacity=8)  # offloads the 2 committed pages to the host
     held.suspend()
-    third = active(mgr, capacity=8)  # offloads held's 2 pages; the host must drop 2
-    plan = mgr.last_plan
+    third = active(mgr)
+    grown = third.resize.with_plan(8)  # offloads held's 2 pages; the host must drop 2
+    assert grown.value
+    plan = grown.plan
     assert plan.counts.pages_dropped == 2
     assert mgr.probe_reuse(tokens(0, 8)) == 0
     third.suspend()
@@ -354,9 +361,9 @@ def test_disk_level_cascade():
     assert mgr.get_storage_statistics(2)[0]["total"] - mgr.get_storage_statistics(2)[0]["free"] == 2
     assert mgr.probe_reuse(tokens(0, 8)) == 8  # the oldest request now lives on disk
     c = mgr.create_kv_cache(tokens(0, 8))
-    assert c.resume()
-    assert mgr.last_plan.onboarded_pages == 2
-    assert {b.src_level for b in mgr.last_plan.copies if b.kind == "onboard"} == {2}
+    resumed = c.resume.with_plan()
+    assert resumed.value and resumed.plan.onboarded_pages == 2
+    assert {b.src_level for b in resumed.plan.copies if b.kind == "onboard"} == {2}
     check_invariants(mgr)
 
 
@@ -391,9 +398,10 @@ def test_manager_resize_requires_all_suspended_and_evicts_when_shrinking():
     assert fingerprint(mgr) == before
     a.suspend()
     b.suspend()
-    assert mgr.resize(0, 4 * 4096)
+    shrunk = mgr.resize.with_plan(0, 4 * 4096)
+    assert shrunk.value
     assert mgr.get_quota(0) == [4 * 4096]
-    assert mgr.last_plan.offloaded_pages == 4
+    assert shrunk.plan.offloaded_pages == 4
     assert gpu(mgr)["total"] == 4
     check_invariants(mgr)
     assert a.resume()  # after shrinking only one cache can resume
@@ -445,9 +453,10 @@ def test_empty_roots_are_erased_only_from_exclusive_entry_points():
     before = fingerprint(mgr)
     assert mgr.probe_reuse(tokens(0, 8)) == 0
     assert fingerprint(mgr) == before  # a probe never drains the queue
-    _kept = mgr.create_kv_cache()  # held: dropping it would close it at once
+    created = mgr.create_kv_cache.with_plan()
+    _kept = created.value  # held: dropping it would close it at once
     assert 0 not in mgr.tree.roots and not mgr.tree.pending_root_erasures
-    assert mgr.last_plan.counts.roots_erased == 1
+    assert created.plan.counts.roots_erased == 1
 
 
 def test_iteration_stats_count_offloads_and_reset():
@@ -470,8 +479,9 @@ def test_stats_commit_modes_count_the_same_but_commit_differently(stats_commit):
     a.suspend()
     b = mgr.create_kv_cache()
     assert b.resume()
-    assert b.resize(16)
-    commits = mgr.last_plan.counts.stats_commits
+    grown = b.resize.with_plan(16)
+    assert grown.value
+    commits = grown.plan.counts.stats_commits
     lc = mgr.get_and_reset_iteration_stats()["life_cycles"][0]
     assert lc["offload_blocks"] == 4
     # one commit for the offload batch (or one per page) and one for the allocation
@@ -482,9 +492,9 @@ def test_event_sink_sees_stored_blocks():
     events = []
     mgr = KVCacheManager(small_config(), event_sink=events.append)
     c = active(mgr, capacity=8)
-    c.commit(tokens(0, 8))
+    committed = c.commit.with_plan(tokens(0, 8))
     assert [e["type"] for e in events] == ["stored", "stored"]
-    assert mgr.last_plan.counts.events_emitted == 2
+    assert committed.plan.counts.events_emitted == 2
 
 
 def test_bad_priority_callback_value_is_rejected_and_changes_nothing(mgr):
@@ -502,24 +512,21 @@ def test_destructor_closes_the_cache(mgr):
     assert gpu(mgr)["free"] == 16
 
 
-def test_lock_table_declares_every_public_api():
+def test_lock_table_declares_every_public_call():
+    """Every public call of the manager and its handles has an entry in the API table (with its
+    lock mode), and every API's invocation names a public call."""
     from kvsim.manager import KvCache, PlannedDrop
-    from kvsim.runtime.apis import API_LOCK_MODES, LockMode, lock_mode
+    from kvsim.manager.calls import PublicCall
+    from kvsim.runtime.apis import LABELS, Api, LockMode, UnknownApiError, lock_mode
 
-    def public(cls):
-        return {n for n in vars(cls) if not n.startswith("_")}
-
-    declared = set(API_LOCK_MODES)
-    mutating = {"create_kv_cache", "resize", "shutdown", "clear_reusable_blocks",
-                "get_and_reset_iteration_stats", "probe_reuse", "get_quota",
-                "get_committed_stats", "get_storage_statistics"}
-    assert {f"KVCacheManager.{n}" for n in mutating} <= declared
-    cache_api = public(KvCache) - {"page_ids", "held_pages", "num_blocks", "cache_id"}
-    assert {f"KvCache.{n}" for n in cache_api} <= declared
-    assert {f"PlannedDrop.{n}" for n in public(PlannedDrop) - {"num_pages", "dropped"}} <= declared
+    calls = {v.name for cls in (KVCacheManager, KvCache, PlannedDrop)
+             for v in vars(cls).values() if isinstance(v, PublicCall)}
+    assert calls == {api.plan_api for api in Api if api.mode is not LockMode.NONE}
+    assert calls <= LABELS
     assert lock_mode("KVCacheManager.probe_reuse") is LockMode.SHARED
     assert lock_mode("KvCache.resize") is LockMode.EXCLUSIVE
-    with pytest.raises(KeyError):
+    assert Api.named("KvCache.capacity.setter").plan_api == "KvCache.resize"
+    with pytest.raises(UnknownApiError, match="unknown API 'nope'"):
         lock_mode("nope")
 
 

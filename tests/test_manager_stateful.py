@@ -55,10 +55,12 @@ from kvsim.manager import (
     LayerConfig,
     LevelConfig,
     ManagerConfig,
+    Outcome,
     PlannedDrop,
 )
 from kvsim.manager.fingerprint import state_of
 from kvsim.manager.invariants import check_invariants
+from kvsim.runtime.steps import set_capacity
 
 TPB = 4  # tokens per block in every configuration here
 
@@ -237,32 +239,38 @@ class ManagerMachine(RuleBasedStateMachine):
         before = state_fingerprint(self.mgr)
         if error is not None:
             with pytest.raises(error):
-                fn()
+                self._value_of(fn())
             assert_same_state(before, state_fingerprint(self.mgr), f"failing {what}")
             event(f"{what}: raised {error.__name__}")
             return None
         self.in_call = True
         try:
             try:
-                result = fn()
+                result = self._value_of(fn())
             except SinkFailure:
                 assert_same_state(before, state_fingerprint(self.mgr),
                                   f"{what} with a raising event sink")
                 check_invariants(self.mgr)
                 event(f"{what}: event sink raised, nothing changed")
-                result = fn()
+                result = self._value_of(fn())
         finally:
             self.in_call = False
         if result is False:
             assert_same_state(before, state_fingerprint(self.mgr), f"{what} returning False")
             event(f"{what}: returned False")
-        self._note_plan()
         return result
 
-    def _note_plan(self) -> None:
-        plan = self.mgr.last_plan
-        if plan is None:
-            return
+    def _value_of(self, outcome):
+        """A call's value: ``with_plan`` forms return an Outcome, whose plan is noted and whose
+        error is raised (as the value form would)."""
+        if not isinstance(outcome, Outcome):
+            return outcome
+        if outcome.error is not None:
+            raise outcome.error
+        self._note_plan(outcome.plan)
+        return outcome.value
+
+    def _note_plan(self, plan) -> None:
         kinds = {c.kind for c in plan.copies}
         for kind in sorted(kinds):
             event(f"copy: {kind}")
@@ -277,7 +285,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def _wake(self, c: KvCache, wake: bool) -> None:
         """Resume a suspended cache first (when ``wake``), so that ACTIVE-only calls run."""
         if wake and c.status is CacheStatus.SUSPENDED:
-            self._call("resume", c.resume)
+            self._call("resume", c.resume.with_plan)
 
     def _hits_orphaned_tail(self, c: KvCache, new_tokens: int, stopping: bool = False) -> bool:
         """Would this commit (or stop_committing) run into the "orphaned-tail" bug?"""
@@ -372,11 +380,11 @@ class ManagerMachine(RuleBasedStateMachine):
                 cb = None
             else:
                 self._call("create_kv_cache",
-                           lambda: self.mgr.create_kv_cache(toks, scope, priority_callback=cb),
+                           lambda: self.mgr.create_kv_cache.with_plan(toks, scope, priority_callback=cb),
                            FAILING_CALLBACKS[cb])
                 return
         cache = self._call("create_kv_cache",
-                           lambda: self.mgr.create_kv_cache(toks, scope, priority_callback=cb))
+                           lambda: self.mgr.create_kv_cache.with_plan(toks, scope, priority_callback=cb))
         t = Tracked(cache, scope, prompt + more, list(prompt[:cache.num_committed_tokens]))
         self.open.append(t)
         n = cache.num_committed_tokens
@@ -420,7 +428,7 @@ class ManagerMachine(RuleBasedStateMachine):
             fn = lambda: mgr.resize(0, [1] * (mgr.layout.num_pool_groups + 1))  # noqa: E731
         elif kind == "closed" and self.closed:
             c = self._pick(self.closed, i).cache
-            fn = [c.resume, c.suspend, lambda: c.resize(8), lambda: c.commit([1]),
+            fn = [c.resume, c.suspend, lambda: c.resize.with_plan(8), lambda: c.commit.with_plan([1]),
                   c.stop_committing][i % 5]
             err = InvalidStateError
         elif kind == "tokens":
@@ -435,9 +443,9 @@ class ManagerMachine(RuleBasedStateMachine):
         t = self._pick(self.open, i)
         c = t.cache
         if c.status is CacheStatus.ACTIVE:
-            self._call("resume", c.resume, InvalidStateError)
+            self._call("resume", c.resume.with_plan, InvalidStateError)
             return
-        ok = self._call("resume", c.resume)
+        ok = self._call("resume", c.resume.with_plan)
         assert c.status is (CacheStatus.ACTIVE if ok else CacheStatus.SUSPENDED)
         if ok:
             p = self.mgr.storage.pages
@@ -449,16 +457,16 @@ class ManagerMachine(RuleBasedStateMachine):
     def suspend(self, i) -> None:
         c = self._pick(self.open, i).cache
         if c.status is not CacheStatus.ACTIVE:
-            self._call("suspend", c.suspend, InvalidStateError)
+            self._call("suspend", c.suspend.with_plan, InvalidStateError)
             return
-        self._call("suspend", c.suspend)
+        self._call("suspend", c.suspend.with_plan)
         assert c.status is CacheStatus.SUSPENDED
 
     @precondition(lambda self: self.open)
     @rule(i=picks)
     def close(self, i) -> None:
         t = self._pick(self.open, i)
-        self._call("close", t.cache.close)
+        self._call("close", t.cache.close.with_plan)
         assert t.cache.status is CacheStatus.CLOSED
         before = state_fingerprint(self.mgr)
         t.cache.close()  # idempotent
@@ -495,15 +503,14 @@ class ManagerMachine(RuleBasedStateMachine):
             # The property setter turns an out-of-pages False into an error.
             before = state_fingerprint(self.mgr)
             try:
-                c.capacity = capacity
+                self._value_of(set_capacity(c, capacity))  # what `c.capacity = capacity` runs
             except OutOfPagesError:
                 assert_same_state(before, state_fingerprint(self.mgr), "capacity setter")
                 event("capacity setter: OutOfPagesError")
                 return
             ok = True
-            self._note_plan()
         else:
-            ok = self._call("cache.resize", lambda: c.resize(capacity, history), err)
+            ok = self._call("cache.resize", lambda: c.resize.with_plan(capacity, history), err)
         if err is None and ok:
             assert c.capacity == capacity and c.history_length == base_history
             assert c.num_blocks == math.ceil(capacity / TPB)
@@ -523,7 +530,7 @@ class ManagerMachine(RuleBasedStateMachine):
             # make room first (may fail: out of pages or a bad callback)
             cap = have + len(toks)
             try:
-                self._call("cache.resize", lambda: c.resize(cap))
+                self._call("cache.resize", lambda: c.resize.with_plan(cap))
             except (InvalidArgumentError, CallbackFailure) as e:
                 assert isinstance(e, FAILING_CALLBACKS[c.priority_callback])
         if c.status is not CacheStatus.ACTIVE or t.stopped:
@@ -535,7 +542,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if err is None and self._hits_orphaned_tail(c, len(toks)):
             return
         history_before = c.history_length
-        self._call("commit", lambda: c.commit(np.array(toks, dtype=np.int64)), err)
+        self._call("commit", lambda: c.commit.with_plan(np.array(toks, dtype=np.int64)), err)
         if err is None:
             t.tokens += toks
             assert c.num_committed_tokens == len(t.tokens)
@@ -548,7 +555,7 @@ class ManagerMachine(RuleBasedStateMachine):
         """A productive step: resume if needed, grow by ``n`` tokens and commit the script."""
         t = self._pick(self.open, i)
         c = t.cache
-        if c.status is CacheStatus.SUSPENDED and not self._call("resume", c.resume):
+        if c.status is CacheStatus.SUSPENDED and not self._call("resume", c.resume.with_plan):
             return
         if not t.stopped:
             have = c.num_committed_tokens
@@ -557,18 +564,18 @@ class ManagerMachine(RuleBasedStateMachine):
             if need > c.capacity:
                 bad = c.priority_callback in FAILING_CALLBACKS and \
                     math.ceil(need / TPB) > max(c.num_blocks, 2)
-                grown = self._call("cache.resize", lambda: c.resize(need),
+                grown = self._call("cache.resize", lambda: c.resize.with_plan(need),
                                    FAILING_CALLBACKS[c.priority_callback] if bad else None)
                 if not grown:
                     return
             if self._hits_orphaned_tail(c, len(toks)):
                 return
             history_before = c.history_length
-            self._call("commit", lambda: c.commit(toks))
+            self._call("commit", lambda: c.commit.with_plan(toks))
             t.tokens += toks
             self._record_commit(t, have, history_before)
         if then_suspend:
-            self._call("suspend", c.suspend)
+            self._call("suspend", c.suspend.with_plan)
 
     @precondition(lambda self: self.open)
     @rule(i=picks, n=st.integers(1, 12), then_suspend=st.sampled_from([False, False, True]))
@@ -582,15 +589,15 @@ class ManagerMachine(RuleBasedStateMachine):
         t = self._pick(self.open, i)
         c = t.cache
         if c.status is CacheStatus.SUSPENDED:
-            self._call("resume", c.resume)
+            self._call("resume", c.resume.with_plan)
         if c.status is CacheStatus.ACTIVE and not t.stopped \
                 and not self._hits_orphaned_tail(c, 0, stopping=True):
-            self._call("stop_committing", c.stop_committing)
+            self._call("stop_committing", c.stop_committing.with_plan)
             t.stopped = True
             self.seqs[t.scope].add(tuple(t.tokens))
         handle = None
         if t.stopped and self.PLANNED_DROPS and plan != "none":
-            handle = self._call("plan_committed_block_drop", c.plan_committed_block_drop)
+            handle = self._call("plan_committed_block_drop", c.plan_committed_block_drop.with_plan)
             if handle is not None:
                 self.drops.append(handle)
                 if plan == "before_close":
@@ -606,14 +613,14 @@ class ManagerMachine(RuleBasedStateMachine):
         c = t.cache
         self._wake(c, wake)
         if c.status is not CacheStatus.ACTIVE:
-            self._call("stop_committing", c.stop_committing, InvalidStateError)
+            self._call("stop_committing", c.stop_committing.with_plan, InvalidStateError)
             return
         if not t.stopped and self._hits_orphaned_tail(c, 0, stopping=True):
             return
-        self._call("stop_committing", c.stop_committing)
+        self._call("stop_committing", c.stop_committing.with_plan)
         t.stopped = True
         self.seqs[t.scope].add(tuple(t.tokens))
-        self._call("commit", lambda: c.commit([1]), InvalidStateError)
+        self._call("commit", lambda: c.commit.with_plan([1]), InvalidStateError)
 
     @precondition(lambda self: self.FAILING_SINK)
     @rule()
@@ -628,10 +635,10 @@ class ManagerMachine(RuleBasedStateMachine):
         t = self._pick(self.open, i)
         c = t.cache
         if not t.stopped:
-            self._call("plan_committed_block_drop", c.plan_committed_block_drop,
+            self._call("plan_committed_block_drop", c.plan_committed_block_drop.with_plan,
                        InvalidStateError)
             return
-        handle = self._call("plan_committed_block_drop", c.plan_committed_block_drop)
+        handle = self._call("plan_committed_block_drop", c.plan_committed_block_drop.with_plan)
         if handle is None:
             event("planned drop: None")
             return
@@ -642,13 +649,13 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _apply_drop(self, handle: PlannedDrop) -> None:
         if handle.dropped:
-            self._call("PlannedDrop.drop", handle.drop, InvalidStateError)
+            self._call("PlannedDrop.drop", handle.drop.with_plan, InvalidStateError)
             return
-        n = self._call("PlannedDrop.drop", handle.drop)
+        n = self._call("PlannedDrop.drop", handle.drop.with_plan)
         assert 0 <= n <= handle.num_pages and handle.dropped
         if n:
             event("planned drop dropped pages")
-        self._call("PlannedDrop.drop", handle.drop, InvalidStateError)  # a second drop
+        self._call("PlannedDrop.drop", handle.drop.with_plan, InvalidStateError)  # a second drop
 
     @precondition(lambda self: self.drops)
     @rule(i=picks)
@@ -674,12 +681,12 @@ class ManagerMachine(RuleBasedStateMachine):
         if suspend_all:
             for t in self.open:
                 if t.cache.status is CacheStatus.ACTIVE:
-                    self._call("suspend", t.cache.suspend)
+                    self._call("suspend", t.cache.suspend.with_plan)
         quota = self._quota_args(level, pages, per_group)
         if any(t.cache.status is CacheStatus.ACTIVE for t in self.open):
-            self._call("manager.resize", lambda: mgr.resize(level, quota), InvalidStateError)
+            self._call("manager.resize", lambda: mgr.resize.with_plan(level, quota), InvalidStateError)
             return
-        ok = self._call("manager.resize", lambda: mgr.resize(level, quota))
+        ok = self._call("manager.resize", lambda: mgr.resize.with_plan(level, quota))
         if ok:
             for g, pg in enumerate(mgr.layout.pool_groups):
                 assert mgr.storage.num_slots(level, g) == pages * len(pg.life_cycles)
@@ -709,7 +716,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if clear:
             self._clear_reusable_blocks()
             return
-        stats = self._call("get_and_reset_iteration_stats", self.mgr.get_and_reset_iteration_stats)
+        stats = self._call("get_and_reset_iteration_stats", self.mgr.get_and_reset_iteration_stats.with_plan)
         for row in stats["life_cycles"]:
             assert min(row.values()) >= 0, row
             if row["host_dropped_blocks"]:
@@ -727,10 +734,10 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _clear_reusable_blocks(self) -> None:
         if self.open:
-            self._call("clear_reusable_blocks", self.mgr.clear_reusable_blocks,
+            self._call("clear_reusable_blocks", self.mgr.clear_reusable_blocks.with_plan,
                        CachesStillOpenError)
             return
-        self._call("clear_reusable_blocks", self.mgr.clear_reusable_blocks)
+        self._call("clear_reusable_blocks", self.mgr.clear_reusable_blocks.with_plan)
         assert not self.mgr.tree.nodes and self.mgr.storage.pages.live_ids().size == 0
         for s in self.scopes:
             self.ref[s].clear()

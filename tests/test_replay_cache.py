@@ -255,7 +255,7 @@ def test_timed_workload_steps_of_one_request():
     for step in steps:
         if isinstance(step, Call):
             step.invoke()
-            log.append((step.phase, step.api.split(".")[1]))
+            log.append((step.phase, step.api.label.split(".")[1]))
         else:
             log.append(type(step).__name__ + f"({getattr(step, 'time', getattr(step, 'seconds', 0))})")
     assert log == [
@@ -357,7 +357,7 @@ def test_timed_workload_without_the_arrival_probe():
         for step in steps:
             if isinstance(step, Call):
                 step.invoke()
-                apis.append(step.api)
+                apis.append(step.api.label)
     assert "KVCacheManager.probe_reuse" not in apis
     assert "KvCache.resize" in apis and apis.count("KvCache.resize") == 2  # prefill only
     assert stats.completed == 2 and stats.reused_tokens == 512  # r1 reuses block 1

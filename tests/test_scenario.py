@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from kvsim.cli import main
-from kvsim.scenario.run import execute, load_scenario, write_results
+from kvsim.report.results_dir import write_results
+from kvsim.scenario.load import load_scenario
+from kvsim.scenario.run import execute
 from kvsim.scenario.source import ScenarioError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,12 +136,12 @@ def test_cli_run_bad_file_exits_nonzero_and_writes_nothing(tmp_path, capsys):
 
 
 def test_failed_write_leaves_no_results_directory(tmp_path, monkeypatch):
-    import kvsim.report.scenario_report as report
+    import kvsim.report.results_dir as results_dir
 
     def broken(results, out_dir):
         raise OSError("disk full")
 
-    monkeypatch.setattr(report, "write_report", broken)
+    monkeypatch.setattr(results_dir, "write_report", broken)
     results = execute(load_scenario(write(tmp_path, SMALL)))
     with pytest.raises(OSError):
         write_results(results, tmp_path / "out")
@@ -182,7 +184,7 @@ def test_an_unexpected_failed_call_makes_the_run_say_so_and_fail(tmp_path, capsy
 
 
 def test_results_json_is_strict_json(tmp_path):
-    from kvsim.scenario.run import results_json
+    from kvsim.scenario.results import results_json
 
     text = results_json({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")},
                          "_private": 1})

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvsim.cli import main
-from kvsim.scenario.run import load_scenario_file, run_scenario
+from kvsim.scenario.load import load_scenario_file
+from kvsim.scenario.run import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 

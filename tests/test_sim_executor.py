@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.scenario.run import execute, load_scenario_file
+from kvsim.scenario.load import load_scenario_file
+from kvsim.scenario.run import execute
 
 DATA = Path(__file__).parent / "data"
 
@@ -106,6 +107,7 @@ def test_a_binding_that_keeps_the_gil_while_a_callback_needs_it_is_reported_stuc
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
     from kvsim.model.cpu_cost import load_cpu_model
+    from kvsim.runtime.apis import Api
     from kvsim.runtime.steps import Call, Sleep
     from kvsim.scenario.schema import parse_scenario
     from kvsim.sim.executor import SimExecutor, SimOptions
@@ -121,11 +123,11 @@ def test_a_binding_that_keeps_the_gil_while_a_callback_needs_it_is_reported_stuc
                      load_cpu_model(DATA / "toy-cpu.json"), options)
 
     def antagonist():  # holds the lock, then needs the GIL for its priority callback
-        yield Call("t", "KvCache.resize", {}, lambda: a.resize(40))
+        yield Call("t", Api.RESIZE, {}, lambda: a.resize.with_plan(40))
 
     def victim():  # a binding that blocks on the lock without releasing the GIL
         yield Sleep(0.5e-6)
-        yield Call("t", "KvCache.commit", {}, lambda: b.commit(list(range(8))))
+        yield Call("t", Api.COMMIT, {}, lambda: b.commit.with_plan(list(range(8))))
 
     run = ex.run({"a": antagonist(), "b": victim()})
     stuck = {s.thread: s for s in run.stuck}
@@ -146,7 +148,7 @@ def test_a_binding_that_keeps_the_gil_while_a_callback_needs_it_is_reported_stuc
 def test_sim_results_are_deterministic(tmp_path):
     import json
 
-    from kvsim.scenario.run import public
+    from kvsim.scenario.results import public
 
     one = json.dumps(public(execute(scenario(tmp_path, PROBE).base)), sort_keys=True)
     two = json.dumps(public(execute(scenario(tmp_path, PROBE).base)), sort_keys=True)

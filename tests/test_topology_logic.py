@@ -232,7 +232,7 @@ def test_detect_command_in_a_fresh_process_without_cuda():
 
 def test_topology_and_detect_modules_import_no_gpu_library():
     code = ("import sys, hw.topology, hw.pools, kvsim.model.copy_select, hw.executor_copies, "
-            "kvsim.cli_detect\n"
+            "kvsim.cli.detect\n"
             "print(','.join(m for m in ('cupy', 'pynvml', 'cuda', 'torch', 'simpy') "
             "if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -19,7 +19,8 @@ from hw.executor_copies import PlanCopier
 from hw.pools import HostDevicePools
 from kvsim.hardware import load_hardware
 from kvsim.manager import KVCacheManager
-from kvsim.scenario.run import execute, load_scenario
+from kvsim.scenario.load import load_scenario
+from kvsim.scenario.run import execute
 
 SCENARIO = "scenarios/hw/h200_burst_resize.yaml"
 captured = []

@@ -55,7 +55,8 @@ def main() -> int:
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
     from kvsim.model.copy_select import CopySelector
-    from kvsim.scenario.run import execute, load_scenario
+    from kvsim.scenario.load import load_scenario
+    from kvsim.scenario.run import execute
 
     captured = []
     original_submit = hw.copier.PoolCopier.submit

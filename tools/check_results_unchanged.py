@@ -35,7 +35,9 @@ def scenario_files() -> list[Path]:
 
 def results_of(path: Path) -> dict[str, str]:
     """``{relative file name: content}`` of a run's results (base and variants)."""
-    from kvsim.scenario.run import load_scenario_file, results_json, run_scenario
+    from kvsim.scenario.load import load_scenario_file
+    from kvsim.scenario.results import results_json
+    from kvsim.scenario.run import run_scenario
 
     results = run_scenario(load_scenario_file(path.relative_to(REPO)))
     files = {"results.json": results_json(results)}

@@ -21,7 +21,7 @@ import time
 
 from kvsim.calibration import cpu_fit
 from kvsim.manager import KVCacheManager
-from kvsim.scenario.run import load_scenario
+from kvsim.scenario.load import load_scenario
 from kvsim.workloads import burst_resize
 
 
@@ -39,12 +39,12 @@ def growth_steps(scenario, repeats: int) -> list[tuple[float, dict]]:
         step = 0
         for call in burst_resize.calls(scenario.manager, spec, manager, scenario.seed):
             t0 = time.perf_counter()
-            call.invoke()
+            outcome = call.invoke()
             dt = time.perf_counter() - t0
             if call.phase == "growth":
                 if len(times) <= step:
                     times.append([])
-                    counts.append({u: getattr(manager.last_plan.counts, u) for u in cpu_fit.UNITS})
+                    counts.append({u: getattr(outcome.plan.counts, u) for u in cpu_fit.UNITS})
                 times[step].append(dt)
                 step += 1
     return [(statistics.median(t), c) for t, c in zip(times, counts)]

@@ -13,7 +13,8 @@ import pstats
 import time
 
 import hw.copier
-from kvsim.scenario.run import execute, load_scenario
+from kvsim.scenario.load import load_scenario
+from kvsim.scenario.run import execute
 
 SCENARIO = "scenarios/hw/h200_burst_resize.yaml"
 profiles = []

@@ -23,12 +23,12 @@ def _time_resize(workload: SeedWorkload, runs: int,
     for i in range(runs):
         mgr, _request, (burst,) = workload.build()
         t0 = time.perf_counter()
-        ok = burst.invoke()
+        outcome = burst.invoke()
         t1 = time.perf_counter()
-        if not ok:
+        if not outcome.ok:
             raise RuntimeError("the burst resize failed: the workload is misconfigured")
         samples_ms.append((t1 - t0) * 1e3)
-        plan = mgr.last_plan
+        plan = outcome.plan
         plan_info = {
             "offloaded_pages": plan.offloaded_pages,
             "offloaded_bytes": plan.offloaded_bytes,

@@ -59,9 +59,9 @@ class SeedWorkload:
             if call.phase == "growth":
                 growth.append(call)
             else:
-                result = call.invoke()
-                if result is False:
+                outcome = call.invoke()
+                if not outcome.ok:
                     raise RuntimeError(f"seed workload setup failed at {call.api} {call.args}")
-                if call.args.get("cache_id") == "request" and isinstance(result, KvCache):
-                    request = result
+                if call.args.get("cache_id") == "request" and isinstance(outcome.value, KvCache):
+                    request = outcome.value
         return mgr, request, growth

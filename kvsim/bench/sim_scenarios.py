@@ -13,7 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
-from kvsim.scenario.run import load_scenario_file, run_scenario
+from kvsim.scenario.load import load_scenario_file
+from kvsim.scenario.run import run_scenario
 
 SCENARIOS = ("scenarios/seed/h100_pcie_burst_resize.yaml",
              "scenarios/concurrency/probe_during_resize.yaml")

@@ -107,8 +107,9 @@ def _resize_case(pages: int, evict: bool, gpu_pages: int | None = None):
         blocks = pages // 2  # two life cycles, no stale blocks (history 0)
 
         def call():
-            assert req.resize(blocks * 32)
-            return mgr.last_plan.counts
+            outcome = req.resize.with_plan(blocks * 32)
+            assert outcome.value
+            return outcome.plan.counts
         return call
     return setup
 
@@ -122,9 +123,8 @@ def _probe_case(tokens: int):
         toks = np.arange(7, 7 + tokens, dtype=np.uint32)
 
         def call():
-            r = mgr.probe(toks)
-            return WorkCounts(blocks_hashed=r.blocks_hashed, tree_nodes_visited=r.tree_nodes_visited)
-        call.warm_up = lambda: mgr.probe(toks)  # type: ignore[attr-defined]
+            return mgr.probe_reuse.with_plan(toks).plan.counts
+        call.warm_up = lambda: mgr.probe_reuse(toks)  # type: ignore[attr-defined]
         return call
     return setup
 
@@ -137,8 +137,7 @@ def _commit_case(tokens: int):
         toks = np.arange(10**6, 10**6 + tokens, dtype=np.uint32)
 
         def call():
-            c.commit(toks)
-            return mgr.last_plan.counts
+            return c.commit.with_plan(toks).plan.counts
         return call
     return setup
 

@@ -52,6 +52,7 @@ def lock_costs(loops: int = 2000, repeats: int = 7) -> dict[str, dict]:
 
 def executor_call_overhead(calls: int = 400) -> dict:
     from hw.executor import HwExecutor, HwOptions, NullCopier
+    from kvsim.runtime.apis import Api
     from kvsim.runtime.steps import Call
 
     config = ManagerConfig(layers=(LayerConfig(slot_bytes=(8192, 8192)),),
@@ -65,11 +66,11 @@ def executor_call_overhead(calls: int = 400) -> dict:
     def steps():
         for i in range(calls):
             if i % 2:
-                yield Call("calibrate", "KVCacheManager.probe_reuse", {"tokens": 16},
-                           lambda: mgr.probe(short))
+                yield Call("calibrate", Api.PROBE_REUSE, {"tokens": 16},
+                           lambda: mgr.probe_reuse.with_plan(short))
             else:
-                yield Call("calibrate", "KvCache.resize", {"capacity": 64},
-                           lambda: cache.resize(64))
+                yield Call("calibrate", Api.RESIZE, {"capacity": 64},
+                           lambda: cache.resize.with_plan(64))
 
     run = HwExecutor(mgr, NullCopier(), HwOptions(lock_policy="writer")).run({"calibrate": steps()})
     by_api: dict[str, list[float]] = {}

@@ -25,8 +25,7 @@ def bench_probe_counts() -> WorkCounts:
     """The counted work of the benchmark's probe (every thread probes a committed prefix of
     ``BENCH_PROBE_TOKENS`` tokens, so all probes count the same)."""
     manager, fillers = gh.bench_manager()
-    r = manager.probe(fillers[0][:gh.BENCH_PROBE_TOKENS])
-    return WorkCounts(blocks_hashed=r.blocks_hashed, tree_nodes_visited=r.tree_nodes_visited)
+    return manager.probe_reuse.with_plan(fillers[0][:gh.BENCH_PROBE_TOKENS]).plan.counts
 
 
 def modelled_probe_s(cpu: CpuCostModel) -> float:

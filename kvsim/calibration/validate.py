@@ -111,7 +111,8 @@ def _probes(results: dict, during: bool | None) -> list[float]:
 
 def validate(scenario_path: str, measured_dirs: list[Path], hardware: str | None,
              cpu_model: str | None, copy_measurement: str | None) -> dict:
-    from kvsim.scenario.run import execute, load_scenario
+    from kvsim.scenario.load import load_scenario
+    from kvsim.scenario.run import execute
 
     overrides = ["executor=sim"]
     if hardware:

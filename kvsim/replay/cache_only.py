@@ -122,10 +122,13 @@ def replay_cache(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: i
         if not cache.resume():
             raise ReplayBug(f"{trace.path}:{req.line}: resume() refused a {matched}-token "
                             f"prefix on a {slots}-slot cache with nothing else locked")
-        if not cache.resize(req.input_length):
+        grown = cache.resize.with_plan(req.input_length)
+        if grown.error is not None:
+            raise grown.error
+        if not grown.value:
             raise ReplayBug(f"{trace.path}:{req.line}: resize({req.input_length}) ran out of "
                             f"pages on a {slots}-slot cache with nothing else locked")
-        dropped += mgr.last_plan.counts.pages_dropped if mgr.last_plan is not None else 0
+        dropped += grown.plan.counts.pages_dropped
         if matched < req.input_length:
             cache.commit(prompt[matched:])
         cache.close()

@@ -1,13 +1,22 @@
-"""The lock mode of every public API: the one table both executors read.
+"""Every public API of the manager with the lock mode it takes: the one table both executors read.
 
 KVCM2 guards the radix tree, storage and the set of living caches with one reentrant
 reader-writer mutex per manager. Mutating APIs take it exclusive, read-only queries take it
 shared, and values fixed at construction need no lock. Nothing else decides locking.
+
+A workload names the API of each call it makes by an :class:`Api` member, never by a string,
+so a misspelt API cannot run without its lock; :meth:`Api.named` turns a label from a file
+(``sim.gil_release``, ``expect_failures``) into a member or says which labels exist.
+``plan_api`` is the manager call whose plan the API's invocation returns: usually itself; a
+property setter runs ``KvCache.resize``, a cache's destructor ``KvCache.close``, a drop handle's
+destructor ``PlannedDrop.drop``; the executors check that the plan a call returns is that one.
 """
 
 from __future__ import annotations
 
 from enum import Enum
+
+from kvsim.errors import ConfigError
 
 
 class LockMode(Enum):
@@ -16,44 +25,67 @@ class LockMode(Enum):
     NONE = "none"
 
 
-API_LOCK_MODES: dict[str, LockMode] = {
+class UnknownApiError(ConfigError):
+    """A label that names no API of the table."""
+
+
+EXCLUSIVE, SHARED, NONE = LockMode.EXCLUSIVE, LockMode.SHARED, LockMode.NONE
+
+
+class Api(Enum):
     # KVCacheManager
-    "KVCacheManager.create_kv_cache": LockMode.EXCLUSIVE,
-    "KVCacheManager.resize": LockMode.EXCLUSIVE,  # resize(cache_level, quota)
-    "KVCacheManager.shutdown": LockMode.EXCLUSIVE,
-    "KVCacheManager.clear_reusable_blocks": LockMode.EXCLUSIVE,
-    "KVCacheManager.get_and_reset_iteration_stats": LockMode.EXCLUSIVE,
-    "KVCacheManager.probe_reuse": LockMode.SHARED,
-    "KVCacheManager.get_quota": LockMode.SHARED,
-    "KVCacheManager.get_committed_stats": LockMode.SHARED,
-    "KVCacheManager.get_storage_statistics": LockMode.SHARED,
-    "KVCacheManager.tokens_per_block": LockMode.NONE,
+    CREATE_KV_CACHE = ("KVCacheManager.create_kv_cache", EXCLUSIVE)
+    MANAGER_RESIZE = ("KVCacheManager.resize", EXCLUSIVE)  # resize(cache_level, quota)
+    SHUTDOWN = ("KVCacheManager.shutdown", EXCLUSIVE)
+    CLEAR_REUSABLE_BLOCKS = ("KVCacheManager.clear_reusable_blocks", EXCLUSIVE)
+    GET_AND_RESET_ITERATION_STATS = ("KVCacheManager.get_and_reset_iteration_stats", EXCLUSIVE)
+    PROBE_REUSE = ("KVCacheManager.probe_reuse", SHARED)
+    GET_QUOTA = ("KVCacheManager.get_quota", SHARED)
+    GET_COMMITTED_STATS = ("KVCacheManager.get_committed_stats", SHARED)
+    GET_STORAGE_STATISTICS = ("KVCacheManager.get_storage_statistics", SHARED)
+    TOKENS_PER_BLOCK = ("KVCacheManager.tokens_per_block", NONE)
     # KvCache: one cache belongs to one thread; the lock guards what caches share.
-    "KvCache.resume": LockMode.EXCLUSIVE,
-    "KvCache.suspend": LockMode.EXCLUSIVE,
-    "KvCache.close": LockMode.EXCLUSIVE,  # also reached from the cache's destructor
-    "KvCache.resize": LockMode.EXCLUSIVE,  # resize(capacity, history_length)
-    "KvCache.commit": LockMode.EXCLUSIVE,
-    "KvCache.stop_committing": LockMode.EXCLUSIVE,
-    "KvCache.plan_committed_block_drop": LockMode.EXCLUSIVE,
-    "KvCache.status": LockMode.NONE,
-    "KvCache.capacity": LockMode.NONE,
-    "KvCache.history_length": LockMode.NONE,
-    "KvCache.num_committed_tokens": LockMode.NONE,
-    # Bindings that reach exclusive paths without looking like calls: each may block on the lock,
-    # so each must release the GIL first (the deadlocks the seed fixed).
-    "KvCache.capacity.setter": LockMode.EXCLUSIVE,  # -> resize()
-    "KvCache.history_length.setter": LockMode.EXCLUSIVE,  # -> resize()
-    "KvCache.__del__": LockMode.EXCLUSIVE,  # -> close()
+    RESUME = ("KvCache.resume", EXCLUSIVE)
+    SUSPEND = ("KvCache.suspend", EXCLUSIVE)
+    CLOSE = ("KvCache.close", EXCLUSIVE)  # also reached from the cache's destructor
+    RESIZE = ("KvCache.resize", EXCLUSIVE)  # resize(capacity, history_length)
+    COMMIT = ("KvCache.commit", EXCLUSIVE)
+    STOP_COMMITTING = ("KvCache.stop_committing", EXCLUSIVE)
+    PLAN_COMMITTED_BLOCK_DROP = ("KvCache.plan_committed_block_drop", EXCLUSIVE)
+    STATUS = ("KvCache.status", NONE)
+    CAPACITY = ("KvCache.capacity", NONE)
+    HISTORY_LENGTH = ("KvCache.history_length", NONE)
+    NUM_COMMITTED_TOKENS = ("KvCache.num_committed_tokens", NONE)
+    # Bindings that reach exclusive paths without looking like calls: each may block on the
+    # lock, so each must release the GIL first (the deadlocks the seed fixed).
+    CAPACITY_SETTER = ("KvCache.capacity.setter", EXCLUSIVE, "KvCache.resize")
+    HISTORY_LENGTH_SETTER = ("KvCache.history_length.setter", EXCLUSIVE, "KvCache.resize")
+    CACHE_DESTRUCTOR = ("KvCache.__del__", EXCLUSIVE, "KvCache.close")
     # PlannedDrop.drop(), also reached from the handle's destructor
-    "PlannedDrop.drop": LockMode.EXCLUSIVE,
-    "PlannedDrop.__del__": LockMode.EXCLUSIVE,  # applies an unapplied plan
-}
+    DROP = ("PlannedDrop.drop", EXCLUSIVE)
+    DROP_DESTRUCTOR = ("PlannedDrop.__del__", EXCLUSIVE, "PlannedDrop.drop")
+
+    def __init__(self, label: str, mode: LockMode, plan_api: str | None = None) -> None:
+        self.label = label
+        self.mode = mode
+        self.plan_api = plan_api or label
+
+    def __str__(self) -> str:
+        return self.label
+
+    @classmethod
+    def named(cls, label: str) -> Api:
+        """The API a label names; an unknown label is an error listing the known ones."""
+        try:
+            return _BY_LABEL[label]
+        except (KeyError, TypeError):
+            raise UnknownApiError(f"unknown API {label!r} (known: {', '.join(_BY_LABEL)})") from None
 
 
-def lock_mode(api: str) -> LockMode:
-    """The declared lock mode of ``api``; an unknown name is a bug in the caller."""
-    try:
-        return API_LOCK_MODES[api]
-    except KeyError:
-        raise KeyError(f"no lock mode declared for API {api!r}") from None
+_BY_LABEL: dict[str, Api] = {api.label: api for api in Api}
+LABELS: frozenset[str] = frozenset(_BY_LABEL)
+
+
+def lock_mode(label: str) -> LockMode:
+    """The declared lock mode of the API ``label``; an unknown label is an error."""
+    return Api.named(label).mode

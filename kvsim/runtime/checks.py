@@ -1,7 +1,5 @@
-"""What both executors do around one manager call, whatever their clock.
+"""What both executors check and count around one manager call, whatever their clock.
 
-* :func:`work_of` -- the counts and copy batches a call produced (a probe's from its result, a
-  mutating call's from the manager's ``last_plan``, which it consumes);
 * :func:`account_copies` -- pages and bytes moved, onto the call's record;
 * :class:`DisciplineCheck` -- the lock-discipline checker: a digest of the shared state around a
   call made without the exclusive lock; any difference is a violation;
@@ -12,20 +10,9 @@ from __future__ import annotations
 
 from kvsim.manager.fingerprint import state_digest
 from kvsim.manager.invariants import find_violations
-from kvsim.manager.manager import KVCacheManager, ProbeResult
+from kvsim.manager.manager import KVCacheManager
 from kvsim.manager.plan import CopyBatch, WorkCounts
 from kvsim.runtime.records import CallRecord
-
-
-def work_of(manager: KVCacheManager, result: object) -> tuple[WorkCounts, list[CopyBatch]]:
-    if isinstance(result, ProbeResult):
-        return WorkCounts(tree_nodes_visited=result.tree_nodes_visited,
-                          blocks_hashed=result.blocks_hashed), []
-    plan = manager.last_plan
-    if plan is None:
-        return WorkCounts(), []
-    manager.last_plan = None  # consumed: the next read-only call must not reuse it
-    return plan.counts, list(plan.copies)
 
 
 def account_copies(rec: CallRecord, copies: list[CopyBatch], counts: WorkCounts) -> None:

@@ -1,4 +1,5 @@
-"""Summaries of a simulated run: latency distributions, lock waits and holds, link and copies.
+"""Summaries of a run (a :class:`~kvsim.runtime.records.RunResult`, from either executor):
+latency distributions, lock waits and holds, link and copies.
 
 Times in the summaries are milliseconds (``_ms``) or seconds (``_s``) as named; byte counts are
 bytes; link rates are GB/s (1e9 bytes per second).
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.runtime.records import CallRecord
+from kvsim.runtime.records import CallRecord, RunResult
 
 
 def distribution_ms(values_s: list[float]) -> dict[str, float | int]:
@@ -38,9 +39,9 @@ def per_api(calls: list[CallRecord]) -> dict[str, dict]:
     return out
 
 
-def lock_summary(run) -> dict:
+def lock_summary(run: RunResult) -> dict:
     threads: dict[str, dict[str, float]] = {}
-    for acq in run.lock.log:
+    for acq in run.lock_log:
         row = threads.setdefault(acq.thread, {"acquisitions": 0, "wait_s": 0.0, "hold_s": 0.0,
                                               "max_wait_s": 0.0})
         row["acquisitions"] += 1
@@ -50,7 +51,7 @@ def lock_summary(run) -> dict:
             row["max_wait_s"] = max(row["max_wait_s"], wait)
             if acq.released is not None:
                 row["hold_s"] += acq.released - acq.granted
-    writers = [a for a in run.lock.log if a.mode == "exclusive" and not a.nested]
+    writers = [a for a in run.lock_log if a.mode == "exclusive" and not a.nested]
     longest = max(writers, key=lambda a: (a.granted if a.granted is not None else run.end_time)
                   - a.requested, default=None)
     starvation = None
@@ -75,17 +76,17 @@ def lock_summary(run) -> dict:
         }
     return {
         "modelled": True,
-        "policy": run.lock.policy,
+        "policy": run.lock_policy,
         "threads": threads,
-        "hazards": [vars(h) for h in run.lock.hazards],
+        "hazards": [vars(h) for h in run.lock_hazards],
         "starvation": starvation,
         "gil_acquisitions": run.gil.acquisitions,
         "gil_wait_s": dict(sorted(run.gil.wait_s.items())),
     }
 
 
-def link_summary(run) -> dict:
-    stats = run.link.stats
+def link_summary(run: RunResult) -> dict:
+    stats = run.link
     busy = {d: 0.0 for d in ("offload", "onboard")}
     for seg in stats.segments:
         if seg.offload_bps:
@@ -102,18 +103,18 @@ def link_summary(run) -> dict:
     }
 
 
-def copies_summary(run) -> list[dict]:
+def copies_summary(run: RunResult) -> list[dict]:
     return [
         {**vars(r), "seconds": (r.finished - r.started) if r.finished is not None else None,
          "gbps": (r.num_bytes / (r.finished - r.started) / 1e9)
          if r.finished is not None and r.finished > r.started else None}
-        for r in run.stream.records
+        for r in run.copies
     ]
 
 
-def probes_during_holds(run) -> dict:
+def probes_during_holds(run: RunResult) -> dict:
     """Probe latency split by whether the probe overlapped an exclusive hold of another thread."""
-    holds = sorted((a.granted, a.released) for a in run.lock.log
+    holds = sorted((a.granted, a.released) for a in run.lock_log
                    if a.mode == "exclusive" and not a.nested and a.granted is not None
                    and a.released is not None)
     starts = np.array([g for g, _ in holds])

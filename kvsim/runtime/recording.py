@@ -10,21 +10,22 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call
 from kvsim.traces.op_trace import TraceOp
 
 API_TO_OP = {
-    "KVCacheManager.create_kv_cache": "create_kv_cache",
-    "KVCacheManager.probe_reuse": "probe_reuse",
-    "KVCacheManager.get_and_reset_iteration_stats": "get_and_reset_iteration_stats",
-    "KvCache.resume": "resume",
-    "KvCache.suspend": "suspend",
-    "KvCache.close": "close",
-    "KvCache.__del__": "close",
-    "KvCache.resize": "resize",
-    "KvCache.capacity.setter": "resize",
-    "KvCache.commit": "commit",
-    "KvCache.stop_committing": "stop_committing",
+    Api.CREATE_KV_CACHE: "create_kv_cache",
+    Api.PROBE_REUSE: "probe_reuse",
+    Api.GET_AND_RESET_ITERATION_STATS: "get_and_reset_iteration_stats",
+    Api.RESUME: "resume",
+    Api.SUSPEND: "suspend",
+    Api.CLOSE: "close",
+    Api.CACHE_DESTRUCTOR: "close",
+    Api.RESIZE: "resize",
+    Api.CAPACITY_SETTER: "resize",
+    Api.COMMIT: "commit",
+    Api.STOP_COMMITTING: "stop_committing",
 }
 NEEDS_TOKENS = {"commit", "probe_reuse"}
 

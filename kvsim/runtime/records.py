@@ -129,3 +129,32 @@ class Deadlock:
     cycle: list[StuckThread]
 
 
+
+
+@dataclass
+class GilStats:
+    """What a run counted of the GIL (nothing, where the GIL is real and not observable)."""
+
+    acquisitions: int = 0
+    wait_s: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class RunResult:
+    """What a timed run produced, the same from both executors; :mod:`kvsim.runtime.metrics`
+    reads it, and the scenario layer turns it into results."""
+
+    calls: list[CallRecord]
+    copies: list[CopyRecord]
+    link: LinkStats
+    lock_policy: str
+    lock_log: list[Acquisition]
+    lock_hazards: list[LockHazard]
+    gil: GilStats
+    stuck: list[StuckThread]
+    deadlocks: list[Deadlock]
+    violations: list[dict]
+    end_time: float
+    events_processed: int  # simulated events, or calls made on a real clock
+    thread_starts: dict[str, list[float]] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)  # a real thread's crash, reported

@@ -11,27 +11,32 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from kvsim.errors import OutOfPagesError
+from kvsim.manager import KvCache, Outcome, Plan, PlannedDrop
+from kvsim.runtime.apis import Api
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, slots=True)
 class Call:
-    """One API call: the lock-table name of the API, its arguments for the record, and a thunk.
+    """One API call: which API (its lock mode comes with it), its arguments for the record, and
+    the invocation, which returns the call's :class:`~kvsim.manager.Outcome` (value and plan).
 
     ``tokens``, when set, are the call's token ids (what an op-trace recorder writes; ``args``
     only counts them, to keep results small)."""
 
     phase: str
-    api: str
+    api: Api
     args: dict
-    invoke: Callable[[], object]
+    invoke: Callable[[], Outcome]
     tokens: object = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sleep:
     seconds: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Until:
     """Wait until this absolute time (seconds since the threads started)."""
 
@@ -44,7 +49,34 @@ Step = Call | Sleep | Until
 @dataclass
 class Workload:
     """``setup`` calls, then the timed threads that ``make_threads()`` builds (called after the
-    setup ran, since threads may need what it made)."""
+    setup ran, since threads may need what it made). ``holds``: what the workload keeps alive
+    while it runs, such as the handle of a request that stays open after its thread is done
+    (a cache whose last reference goes is closed, as KVCM2's destructor does)."""
 
     setup: Iterable[Call]
     make_threads: Callable[[], dict[str, Iterator[Step]]]
+    holds: tuple = ()
+
+
+def set_capacity(cache: KvCache, capacity: int) -> Outcome:
+    """``cache.capacity = capacity``: the resize (its plan), with no value, as a property set
+    has none; a refused resize is the setter's error, as KVCM2's property raises."""
+    outcome = cache.resize.with_plan(capacity)._replace(value=None)
+    if outcome.error is None and not outcome.plan.ok:
+        error = OutOfPagesError(f"cache {cache.cache_id!r}: out of pages growing to {capacity} "
+                                "tokens")
+        return outcome._replace(error=error)
+    return outcome
+
+
+def drop_last_reference(handle: KvCache | PlannedDrop | None) -> Outcome:
+    """What CPython runs when the last reference to a cache or a drop handle goes: the cache
+    closes, an unapplied drop plan is applied (its destructor; nothing for ``None``). A
+    destructor returns nothing."""
+    if isinstance(handle, KvCache):
+        outcome = handle.close.with_plan()
+    elif isinstance(handle, PlannedDrop) and not handle.dropped:
+        outcome = handle.drop.with_plan()
+    else:
+        outcome = Outcome(None, Plan("PlannedDrop.drop"))
+    return outcome._replace(value=None)

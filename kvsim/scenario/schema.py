@@ -500,11 +500,11 @@ def _sim(f: Fields) -> SimSettings:
     gil = f.raw("gil_release", {})
     if not isinstance(gil, dict):
         raise f.error("gil_release", "must be a mapping of API name to true/false")
-    from kvsim.runtime.apis import API_LOCK_MODES
+    from kvsim.runtime.apis import LABELS
 
     for api, flag in gil.items():
-        if api not in API_LOCK_MODES:
-            raise f.error("gil_release", f"unknown API {api!r} (see kvsim/manager/locking.py)")
+        if api not in LABELS:
+            raise f.error("gil_release", f"unknown API {api!r} (see kvsim/runtime/apis.py)")
         if not isinstance(flag, bool):
             raise f.error("gil_release", f"{api}: must be true or false, got {flag!r}")
     inflight = f.raw("kernel_inflight_bytes", None)
@@ -562,14 +562,14 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}")
 
 
 def _expect_failures(f: Fields) -> tuple[str, ...]:
-    from kvsim.runtime.apis import API_LOCK_MODES
+    from kvsim.runtime.apis import LABELS
 
     raw = f.raw("expect_failures", [])
     if not isinstance(raw, list) or not all(isinstance(a, str) for a in raw):
         raise f.error("expect_failures", "must be a list of API names such as KvCache.resize")
     for api in raw:
-        if api not in API_LOCK_MODES:
-            raise f.error("expect_failures", f"unknown API {api!r} (see kvsim/manager/locking.py)")
+        if api not in LABELS:
+            raise f.error("expect_failures", f"unknown API {api!r} (see kvsim/runtime/apis.py)")
     return tuple(raw)
 
 

@@ -1,22 +1,27 @@
 """SimExecutor: the manager's calls, in simulated time.
 
-Each workload thread is a SimPy process. One API call goes through:
+Each workload thread is a SimPy process running :func:`kvsim.runtime.pipeline.thread_steps`;
+this module performs the pipeline's effects in simulated time:
 
-1. **enter the binding** -- the thread takes the GIL and spends ``python_call_us / 2``;
-2. **GIL release** -- a binding that may block on the lock releases the GIL first (the fixed
-   KVCM2 bindings; per API, ``gil_release``), or keeps it (the bug the seed fixed);
-3. **lock** -- in the API's declared mode (``kvsim.runtime.apis``), reader- or writer-preferring;
-4. **manager step** -- the real manager runs the call at this instant and records a plan;
-5. **callbacks** -- priority-callback and event-sink calls re-take the GIL under the lock,
-   ``callback_us`` each;
-6. **CPU** -- ``cpu_model.seconds(plan.counts)``, plus the host cost of submitting the copies
-   (unless the CPU preset already includes it);
-7. **copies** -- submitted to the manager's copy stream; the lock is released; by default the
-   call returns now (stream semantics, as KVCM2), or waits for its copies (``wait_for_copies``);
-8. **return to Python** -- the GIL again, ``python_call_us / 2``.
+* **Python** (entering and leaving a binding): the thread takes the GIL and spends
+  ``python_call_us / 2``;
+* **the binding waits**: a binding that may block on the lock releases the GIL first (the fixed
+  KVCM2 bindings; per API, ``gil_release``), or keeps it (the bug the seed fixed);
+* **the lock**: the SimPy reader-writer lock (:mod:`kvsim.sim.rwlock`), reader- or
+  writer-preferring; a Python manager's waiter re-tests after each release, holding the GIL;
+* **the manager call**: the real manager runs the call at this instant and returns its plan;
+* **callbacks**: priority-callback and event-sink calls re-take the GIL under the lock,
+  ``callback_us`` each;
+* **CPU**: ``cpu_model.seconds(plan.counts)``, plus the host cost of submitting the copies
+  (unless the CPU preset already includes it);
+* **copies**: submitted to the manager's copy stream (:mod:`kvsim.sim.stream`); by default the
+  call returns without waiting for them (stream semantics, as KVCM2).
 
-A thread that can never continue (a lock or GIL wait with no way out) does not freeze the run:
-when no event is left, the executor reports every stuck thread with what it holds and waits for.
+With a Python manager (a CPU preset with ``holds_gil``) every bit of host work is Python and
+runs through :meth:`SimExecutor._python`: the thread keeps the GIL across calls and gives it up
+only when it blocks or is asked to. A thread that can never continue (a lock or GIL wait with no
+way out) does not freeze the run: when no event is left, the executor reports every stuck
+thread with what it holds and waits for.
 """
 
 from __future__ import annotations
@@ -27,15 +32,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from kvsim.errors import KvsimError
 from kvsim.hardware.spec import HardwareSpec
 from kvsim.manager.manager import KVCacheManager
-from kvsim.model.copy_paths import PATHS, CopyRequest
+from kvsim.model.copy_paths import PATHS
 from kvsim.model.cpu_cost import CpuCostModel
-from kvsim.runtime.apis import API_LOCK_MODES, LockMode
-from kvsim.runtime.checks import DisciplineCheck, account_copies, invariant_violations, work_of
-from kvsim.runtime.records import CallRecord, Deadlock, StuckThread
-from kvsim.runtime.steps import Call, Sleep, Step, Until
+from kvsim.runtime import pipeline
+from kvsim.runtime.records import Deadlock, GilStats, RunResult, StuckThread
+from kvsim.runtime.steps import Step
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
 from kvsim.sim.rwlock import LockHazardError, ReentrantSharedMutex
@@ -78,21 +81,6 @@ class SimOptions:
     gil_seed: int = 0  # the random draws of the measured GIL hand-over (the CPU preset's)
 
 
-@dataclass
-class SimRun:
-    calls: list[CallRecord]
-    lock: ReentrantSharedMutex
-    gil: Gil
-    link: Link
-    stream: CopyStream
-    stuck: list[StuckThread]
-    deadlocks: list[Deadlock]
-    violations: list[dict]
-    end_time: float
-    events_processed: int
-    thread_starts: dict[str, list[float]] = field(default_factory=dict)
-
-
 class SimExecutor:
     def __init__(self, manager: KVCacheManager, hardware: HardwareSpec, cpu: CpuCostModel,
                  options: SimOptions | None = None) -> None:
@@ -113,19 +101,33 @@ class SimExecutor:
         self.stream = CopyStream(self.env, "migration", self.link, hardware,
                                  {"offload": path, "onboard": path}, opt.kernel_ctas,
                                  opt.kernel_inflight_bytes, opt.aligned)
-        self.calls: list[CallRecord] = []
-        self.violations: list[dict] = []
+        self.log = pipeline.CallLog(manager, lambda: self.env.now, self.lock, opt.wait_for_copies,
+                                    opt.check_invariants, opt.check_lock_discipline)
         self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
-        self._current_api: dict[str, str] = {}
         self._alive: set[str] = set()
-        self._called: set[str] = set()  # threads that have made a call
+        p = pipeline
+        self._plain = {p.BindingWaits: self._do_binding_waits, p.Invoke: self._do_invoke,
+                       p.ReleaseLock: self._do_release, p.LeaveBinding: self._do_leave}
+        self._timed = {p.Python: self._do_python, p.Nudge: self._do_nudge,
+                       p.AcquireLock: self._do_acquire, p.Callbacks: self._do_callbacks,
+                       p.SpendCpu: self._do_cpu, p.SubmitCopies: self._do_submit,
+                       p.WaitCopies: self._do_wait_copies, p.SleepFor: self._do_sleep,
+                       p.SleepUntil: self._do_sleep_until}
         self.deadlocks: list[Deadlock] = []
         # thread -> [Thread.start() called, the thread's first Python] (when starts are modelled)
         self.thread_starts: dict[str, list[float]] = {}
-        self.progress = None  # optional callable(str): a line every 10,000 calls
         self._stop = self.env.event()  # succeeds when a deadlock makes further progress moot
         self._rng = (None if opt.schedule_seed is None
                      else np.random.default_rng(opt.schedule_seed))
+
+    @property
+    def progress(self):
+        """An optional ``callable(str)``, told every 10,000 calls how far the run is."""
+        return self.log.progress
+
+    @progress.setter
+    def progress(self, say) -> None:
+        self.log.progress = say
 
     def _delay(self, seconds: float):
         """A modelled delay, perturbed when exploring schedules."""
@@ -139,105 +141,112 @@ class SimExecutor:
             return None
         return self.env.timeout(self._rng.uniform(0.0, self.options.jitter_s))
 
-    # -- the call pipeline ---------------------------------------------------------------------
-    def _call(self, thread: str, call: Call):
-        """One API call (see the module docstring). With a Python manager (the CPU preset's
-        ``holds_gil``) every bit of host work is Python and runs through :meth:`_python`: the
-        thread keeps the GIL across calls and gives it up only when it blocks or is asked to."""
-        env, opt = self.env, self.options
-        python_manager = self.cpu.holds_gil
-        mode = API_LOCK_MODES.get(call.api, LockMode.NONE)
-        rec = CallRecord(len(self.calls), thread, call.phase, call.api, call.args, mode.value,
-                         env.now)
-        self.calls.append(rec)
-        if self.progress is not None and len(self.calls) % 10_000 == 0:
-            self.progress(f"{len(self.calls)} calls, {env.now:.3f} s simulated")
-        self._current_api[thread] = call.api
-        # A thread's first call: its host work is scaled by the CPU preset's first_call_factor.
-        slow = self.cpu.first_call_factor if thread not in self._called else 1.0
-        self._called.add(thread)
-        half_python = self.cpu.python_call_us * 0.5e-6
-        yield from self._python(thread, half_python, call.api)
-        if not python_manager and opt.gil_release.get(call.api, True):
-            self.gil.release_fully(thread)
-        if mode is not LockMode.NONE:
-            nudge = self._nudge()
-            if nudge is not None:
-                yield nudge
-            rec.lock_requested = env.now
-            self._waiting[thread] = ("lock", call.api)
+    # -- the call pipeline: kvsim.runtime.pipeline's effects, in simulated time ------------------
+    def _drive(self, steps):
+        """Run a pipeline generator, performing each effect it yields (SimPy events inside)."""
+        send = None
+        timed, plain = self._timed, self._plain
+        while True:
             try:
-                request = self.lock.acquire(thread, mode, call.api)
-                while True:
-                    if not request.triggered:
-                        if python_manager:  # threading.Condition.wait releases the GIL
-                            self.gil.release_fully(thread)
-                        self._check_deadlock(thread)
-                    if (yield request) is not None or not self.lock.recheck:
-                        break
-                    # Woken by a release: run again (a Python thread needs the GIL) and re-test.
-                    yield from self._take_gil(thread, call.api)
-                    self._waiting[thread] = ("lock", call.api)
-                    request = self.lock.retry(thread)
-            except LockHazardError as e:
-                del self._waiting[thread]
-                rec.ok, rec.error, rec.end = False, f"LockHazardError: {e}", env.now
-                self.gil.release_fully(thread)
+                effect = steps.send(send)
+            except StopIteration:
                 return
-            del self._waiting[thread]
-            rec.lock_granted = env.now
-        check = DisciplineCheck(self.manager,
-                                opt.check_lock_discipline and self.lock.owner != thread)
+            handler = plain.get(type(effect))
+            if handler is not None:
+                send = handler(effect)
+            else:
+                send = yield from timed[type(effect)](effect)
+
+    def _do_python(self, e: pipeline.Python):
+        yield from self._python(e.thread, self.cpu.python_call_us * 0.5e-6, e.api)
+
+    def _do_binding_waits(self, e: pipeline.BindingWaits) -> None:
+        if not self.cpu.holds_gil and self.options.gil_release.get(e.api.label, True):
+            self.gil.release_fully(e.thread)
+
+    def _do_nudge(self, e: pipeline.Nudge):
+        nudge = self._nudge()
+        if nudge is not None:
+            yield nudge
+
+    def _do_acquire(self, e: pipeline.AcquireLock):
+        """The lock in ``e.mode``; a Python manager's waiter re-tests after each release
+        (``threading.Condition``), holding the GIL to do so. Returns None or the hazard."""
+        thread, python_manager = e.thread, self.cpu.holds_gil
+        self._waiting[thread] = ("lock", e.api)
         try:
-            result = call.invoke()
-        except KvsimError as e:
-            result = None
-            rec.ok, rec.error = False, f"{type(e).__name__}: {e}"
-        found = check.violation(rec, "shared" if thread in self.lock.readers else "no", env.now)
-        if found:
-            self.violations.append(found)
-        counts, copies = work_of(self.manager, result)
-        rec.result = result if isinstance(result, (bool, int)) else None
-        if result is False:
-            rec.ok = False
-        rec.counts = counts.to_dict()
-        callbacks = counts.callback_calls + counts.events_emitted
-        if callbacks:
-            # The manager calls back into Python under the lock: it needs the GIL.
-            yield from self._take_gil(thread, call.api + " (callback)")
-            yield self._delay(callbacks * self.cpu.callback_us * 1e-6)
-            if not python_manager:
-                self.gil.release(thread)
-        rec.cpu_s = self.cpu.seconds(counts) * slow
-        rec.cpu_terms_us = self.cpu.terms_us(counts)
-        if python_manager:
-            yield from self._python(thread, rec.cpu_s, call.api)
-        elif rec.cpu_s:
-            yield self._delay(rec.cpu_s)
+            request = self.lock.acquire(thread, e.mode, e.api)
+            while True:
+                if not request.triggered:
+                    if python_manager:  # threading.Condition.wait releases the GIL
+                        self.gil.release_fully(thread)
+                    self._check_deadlock(thread)
+                if (yield request) is not None or not self.lock.recheck:
+                    break
+                # Woken by a release: run again (a Python thread needs the GIL) and re-test.
+                yield from self._take_gil(thread, e.api)
+                self._waiting[thread] = ("lock", e.api)
+                request = self.lock.retry(thread)
+        except LockHazardError as hazard:
+            del self._waiting[thread]
+            return hazard
+        del self._waiting[thread]
+        return None
+
+    def _do_invoke(self, e: pipeline.Invoke) -> tuple:
+        return e.call.invoke(), 0.0
+
+    def _do_callbacks(self, e: pipeline.Callbacks):
+        # The manager calls back into Python under the lock: it needs the GIL.
+        yield from self._take_gil(e.thread, e.api + " (callback)")
+        yield self._delay(e.count * self.cpu.callback_us * 1e-6)
+        if not self.cpu.holds_gil:
+            self.gil.release(e.thread)
+
+    def _do_cpu(self, e: pipeline.SpendCpu):
+        slow = self.cpu.first_call_factor if e.first_call else 1.0
+        seconds = self.cpu.seconds(e.counts) * slow
+        if self.cpu.holds_gil:
+            yield from self._python(e.thread, seconds, e.api)
+        elif seconds:
+            yield self._delay(seconds)
+        return seconds, self.cpu.terms_us(e.counts)
+
+    def _do_submit(self, e: pipeline.SubmitCopies):
+        submit_s = 0.0
         if not self.cpu.includes_copy_submission:
-            rec.submit_s = sum(self.stream.host_seconds(b) for b in copies) * slow
-            if python_manager:
-                yield from self._python(thread, rec.submit_s, call.api)
-            elif rec.submit_s:
-                yield self._delay(rec.submit_s)
-        done = [self.stream.submit(b, thread, call.api) for b in copies]
-        account_copies(rec, copies, counts)
-        if mode is LockMode.EXCLUSIVE and opt.check_invariants:
-            self.violations += invariant_violations(self.manager, rec, env.now)
-        if mode is not LockMode.NONE:
-            self.lock.release(thread)
-            rec.lock_released = env.now
-        if done:
-            all_done = env.all_of(done)
-            all_done.callbacks.append(lambda _e, r=rec: setattr(r, "copies_done", env.now))
-            if opt.wait_for_copies:
-                if python_manager:  # a stream synchronize blocks without the GIL
-                    self.gil.release_fully(thread)
-                yield all_done
-        yield from self._python(thread, half_python, call.api)
-        if not python_manager:
-            self.gil.release_fully(thread)
-        rec.end = env.now
+            slow = self.cpu.first_call_factor if e.first_call else 1.0
+            submit_s = sum(self.stream.host_seconds(b) for b in e.copies) * slow
+            if self.cpu.holds_gil:
+                yield from self._python(e.thread, submit_s, e.api)
+            elif submit_s:
+                yield self._delay(submit_s)
+        return [self.stream.submit(b, e.thread, e.api) for b in e.copies], submit_s
+
+    def _do_release(self, e: pipeline.ReleaseLock) -> None:
+        self.lock.release(e.thread)
+
+    def _do_wait_copies(self, e: pipeline.WaitCopies):
+        env = self.env
+        all_done = env.all_of(e.handles)
+        all_done.callbacks.append(lambda _e, r=e.record: setattr(r, "copies_done", env.now))
+        if e.block:
+            if self.cpu.holds_gil:  # a stream synchronize blocks without the GIL
+                self.gil.release_fully(e.thread)
+            yield all_done
+
+    def _do_leave(self, e: pipeline.LeaveBinding) -> None:
+        if e.abandoned or not self.cpu.holds_gil:
+            self.gil.release_fully(e.thread)
+
+    def _do_sleep(self, e: pipeline.SleepFor):
+        self.gil.release_fully(e.thread)  # sleeping threads do not hold the GIL
+        yield self.env.timeout(e.seconds)
+
+    def _do_sleep_until(self, e: pipeline.SleepUntil):
+        self.gil.release_fully(e.thread)
+        if e.time > self.env.now:
+            yield self.env.timeout(e.time - self.env.now)
 
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up
@@ -289,7 +298,7 @@ class SimExecutor:
         return []
 
     def _describe(self, thread: str) -> StuckThread:
-        what, api = self._waiting.get(thread, ("?", self._current_api.get(thread, "")))
+        what, api = self._waiting.get(thread, ("?", self.log.current_api.get(thread, "")))
         holds = []
         if self.lock.owner == thread:
             holds.append("manager lock (exclusive)")
@@ -335,18 +344,7 @@ class SimExecutor:
             yield from self._take_gil(name, "Thread.start")
             self.thread_starts[name].append(self.env.now)
             started.succeed()
-        for step in steps:
-            if isinstance(step, Call):
-                yield from self._call(name, step)
-            elif isinstance(step, Sleep):
-                self.gil.release_fully(name)  # sleeping threads do not hold the GIL
-                yield self.env.timeout(step.seconds)
-            elif isinstance(step, Until):
-                self.gil.release_fully(name)
-                if step.time > self.env.now:
-                    yield self.env.timeout(step.time - self.env.now)
-            else:
-                raise TypeError(f"unknown workload step {step!r}")
+        yield from self._drive(pipeline.thread_steps(self.log, name, steps))
         self.gil.release_fully(name)
         self._alive.discard(name)
 
@@ -364,7 +362,7 @@ class SimExecutor:
             yield started
         self._alive.discard(MAIN_THREAD)
 
-    def run(self, threads: Mapping[str, Iterator[Step]], until: float | None = None) -> SimRun:
+    def run(self, threads: Mapping[str, Iterator[Step]], until: float | None = None) -> RunResult:
         if self.cpu.holds_gil and self.cpu.thread_start_us > 0:
             self._alive.add(MAIN_THREAD)
             self.env.process(self._starter(threads))
@@ -381,12 +379,14 @@ class SimExecutor:
         # continue: report them. With a time limit that was reached they were merely cut off.
         ended = self.env.peek() == float("inf") or self._stop.triggered
         stuck = self._stuck() if ended else []
-        return SimRun(self.calls, self.lock, self.gil, self.link, self.stream, stuck,
-                      self.deadlocks, self.violations, self.env.now, self.env.events_processed,
-                      self.thread_starts)
+        return RunResult(self.log.calls, self.stream.records, self.link.stats, self.lock.policy,
+                         self.lock.log, self.lock.hazards,
+                         GilStats(self.gil.acquisitions, self.gil.wait_s), stuck, self.deadlocks,
+                         self.log.violations, self.env.now, self.env.events_processed,
+                         self.thread_starts)
 
     def _stuck(self) -> list[StuckThread]:
         return [self._describe(t) for t in sorted(self._alive) if t in self._waiting]
 
 
-__all__ = ["CopyRequest", "SimExecutor", "SimOptions", "SimRun", "CallRecord", "StuckThread"]
+__all__ = ["SimExecutor", "SimOptions"]

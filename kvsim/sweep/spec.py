@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.run import ScenarioFile
+from kvsim.scenario.load import ScenarioFile
 from kvsim.scenario.schema import Fields, parse_scenario
 from kvsim.scenario.source import ScenarioError, Source, apply_overrides, load_yaml
 

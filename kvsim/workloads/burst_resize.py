@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, Outcome
+from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Workload
 
 
@@ -43,27 +44,31 @@ def _lifetime(manager: KVCacheManager, handle: dict[str, KvCache], phase: str, c
               close: bool) -> Iterator[Call]:
     """create -> resume [-> resize] [-> commit] [-> close] for one request; ``handle["c"]``."""
 
-    def create() -> KvCache:
-        handle["c"] = manager.create_kv_cache(cache_id=cache_id)
-        return handle["c"]
+    def create() -> Outcome:
+        outcome = manager.create_kv_cache.with_plan(cache_id=cache_id)
+        handle["c"] = outcome.value
+        return outcome
 
-    yield Call(phase, "KVCacheManager.create_kv_cache", {"cache_id": cache_id}, create)
-    yield Call(phase, "KvCache.resume", {"cache_id": cache_id}, lambda: handle["c"].resume())
+    yield Call(phase, Api.CREATE_KV_CACHE, {"cache_id": cache_id}, create)
+    yield Call(phase, Api.RESUME, {"cache_id": cache_id}, lambda: handle["c"].resume.with_plan())
     if capacity:
         args = {"cache_id": cache_id, "capacity": capacity, "history_length": history}
-        yield Call(phase, "KvCache.resize", args, lambda: handle["c"].resize(capacity, history))
+        yield Call(phase, Api.RESIZE, args,
+                   lambda: handle["c"].resize.with_plan(capacity, history))
     if tokens is not None:
-        yield Call(phase, "KvCache.commit", {"cache_id": cache_id, "tokens": int(tokens.size)},
-                   lambda: handle["c"].commit(tokens), tokens)
+        yield Call(phase, Api.COMMIT, {"cache_id": cache_id, "tokens": int(tokens.size)},
+                   lambda: handle["c"].commit.with_plan(tokens), tokens)
     if close:
-        yield Call(phase, "KvCache.close", {"cache_id": cache_id}, lambda: handle["c"].close())
+        yield Call(phase, Api.CLOSE, {"cache_id": cache_id}, lambda: handle["c"].close.with_plan())
 
 
 def calls(config: ManagerConfig, workload: BurstResizeWorkload, manager: KVCacheManager,
-          seed: int, filler_tokens: list[np.ndarray] | None = None) -> Iterator[Call]:
+          seed: int, filler_tokens: list[np.ndarray] | None = None,
+          request: dict[str, KvCache] | None = None) -> Iterator[Call]:
     """The workload's calls, in order; each is invoked before the next is generated.
 
-    ``filler_tokens``, if given, receives each filler's committed tokens (for probes).
+    ``filler_tokens``, if given, receives each filler's committed tokens (for probes);
+    ``request``, if given, receives the request under study (``request["c"]``).
     """
     rng = np.random.default_rng(seed)
     tpb = config.tokens_per_block
@@ -74,22 +79,24 @@ def calls(config: ManagerConfig, workload: BurstResizeWorkload, manager: KVCache
         if filler_tokens is not None:
             filler_tokens.append(tokens)
         yield from _lifetime(manager, {}, "setup", f"filler{i}", per_filler, None, tokens, True)
-    request: dict[str, KvCache] = {}
+    request = {} if request is None else request
     yield from _lifetime(manager, request, "setup", "request", 0, None, None, False)
     steps = workload.growth_steps
     for s in range(1, steps + 1):
         capacity = workload.capacity_tokens * s // steps
         history = workload.history_tokens * s // steps
-        yield Call("growth", "KvCache.resize",
+        yield Call("growth", Api.RESIZE,
                    {"cache_id": "request", "capacity": capacity, "history_length": history},
-                   lambda c=capacity, h=history: request["c"].resize(c, h))
+                   lambda c=capacity, h=history: request["c"].resize.with_plan(c, h))
 
 
 def workload(config: ManagerConfig, spec: BurstResizeWorkload, manager: KVCacheManager,
              seed: int, filler_tokens: list[np.ndarray] | None = None) -> Workload:
-    """Setup (fillers, the request resumed) untimed; the growth on one thread, ``main``."""
-    setup, growth = _split(calls(config, spec, manager, seed, filler_tokens))
-    return Workload(setup=setup, make_threads=lambda: {"main": growth})
+    """Setup (fillers, the request resumed) untimed; the growth on one thread, ``main``. The
+    request stays open to the end of the run."""
+    request: dict[str, KvCache] = {}
+    setup, growth = _split(calls(config, spec, manager, seed, filler_tokens, request))
+    return Workload(setup=setup, make_threads=lambda: {"main": growth}, holds=(request,))
 
 
 def _split(stream: Iterator[Call]) -> tuple[Iterator[Call], Iterator[Call]]:

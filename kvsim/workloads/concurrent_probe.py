@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvsim.manager import KVCacheManager, ManagerConfig
+from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Sleep, Step, Until, Workload
 from kvsim.workloads import burst_resize
 
@@ -36,8 +37,8 @@ def prober(manager: KVCacheManager, tokens: np.ndarray, count: int,
     for i in range(count):
         if i and interval_s:
             yield Sleep(interval_s)
-        yield Call("probe", "KVCacheManager.probe_reuse", {"tokens": int(tokens.size)},
-                   lambda: manager.probe(tokens), tokens)
+        yield Call("probe", Api.PROBE_REUSE, {"tokens": int(tokens.size)},
+                   lambda: manager.probe_reuse.with_plan(tokens), tokens)
 
 
 def workload(config: ManagerConfig, spec: ConcurrentProbeWorkload, manager: KVCacheManager,
@@ -57,4 +58,4 @@ def workload(config: ManagerConfig, spec: ConcurrentProbeWorkload, manager: KVCa
                                        spec.probes_per_thread, spec.probe_interval_us * 1e-6)
         return out
 
-    return Workload(setup=base.setup, make_threads=threads)
+    return Workload(setup=base.setup, make_threads=threads, holds=base.holds)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
-from kvsim.runtime.steps import Call, Sleep, Step, Workload
+from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, Outcome
+from kvsim.runtime.apis import Api
+from kvsim.runtime.steps import Call, Sleep, Step, Workload, drop_last_reference, set_capacity
 
 
 @dataclass(frozen=True)
@@ -41,39 +42,39 @@ def workload(config: ManagerConfig, spec: GilAntagonistWorkload, manager: KVCach
             tokens = rng.integers(0, 2**31, size=spec.tokens)
             cid = f"antagonist{i}"
 
-            def create(cid: str = cid, handle: dict = handle) -> KvCache:
-                handle["c"] = manager.create_kv_cache(
+            def create(cid: str = cid, handle: dict = handle) -> Outcome:
+                outcome = manager.create_kv_cache.with_plan(
                     cache_id=cid, priority_callback=lambda block, lc: spec.priority)
-                return handle["c"]
+                handle["c"] = outcome.value
+                return outcome
 
-            yield Call("antagonist", "KVCacheManager.create_kv_cache", {"cache_id": cid}, create)
-            yield Call("antagonist", "KvCache.resume", {"cache_id": cid}, lambda h=handle: h["c"].resume())
-            yield Call("antagonist", "KvCache.resize", {"cache_id": cid, "capacity": spec.tokens},
-                       lambda h=handle: h["c"].resize(spec.tokens))
-            yield Call("antagonist", "KvCache.commit", {"cache_id": cid, "tokens": spec.tokens},
-                       lambda h=handle, t=tokens: h["c"].commit(t))
-            yield Call("antagonist", "KvCache.close", {"cache_id": cid}, lambda h=handle: h["c"].close())
+            yield Call("antagonist", Api.CREATE_KV_CACHE, {"cache_id": cid}, create)
+            yield Call("antagonist", Api.RESUME, {"cache_id": cid},
+                       lambda h=handle: h["c"].resume.with_plan())
+            yield Call("antagonist", Api.RESIZE, {"cache_id": cid, "capacity": spec.tokens},
+                       lambda h=handle: h["c"].resize.with_plan(spec.tokens))
+            yield Call("antagonist", Api.COMMIT, {"cache_id": cid, "tokens": spec.tokens},
+                       lambda h=handle, t=tokens: h["c"].commit.with_plan(t))
+            yield Call("antagonist", Api.CLOSE, {"cache_id": cid},
+                       lambda h=handle: h["c"].close.with_plan())
 
     def victim() -> Iterator[Step]:
         yield Sleep(spec.victim_start_us * 1e-6)
         handle: dict[str, KvCache] = {}
 
-        def create() -> KvCache:
-            handle["c"] = manager.create_kv_cache(cache_id="victim")
-            return handle["c"]
+        def create() -> Outcome:
+            outcome = manager.create_kv_cache.with_plan(cache_id="victim")
+            handle["c"] = outcome.value
+            return outcome
 
-        def set_capacity(tokens: int) -> None:
-            handle["c"].capacity = tokens
-
-        def drop_reference() -> None:
-            handle.pop("c").__del__()  # what CPython runs when the last reference goes
-
-        yield Call("victim", "KVCacheManager.create_kv_cache", {"cache_id": "victim"}, create)
-        yield Call("victim", "KvCache.resume", {"cache_id": "victim"}, lambda: handle["c"].resume())
+        yield Call("victim", Api.CREATE_KV_CACHE, {"cache_id": "victim"}, create)
+        yield Call("victim", Api.RESUME, {"cache_id": "victim"},
+                   lambda: handle["c"].resume.with_plan())
         for i in range(spec.setter_calls):
             size = tpb * (1 + i % 4)
-            yield Call("victim", "KvCache.capacity.setter", {"cache_id": "victim", "capacity": size},
-                       lambda size=size: set_capacity(size))
-        yield Call("victim", "KvCache.__del__", {"cache_id": "victim"}, drop_reference)
+            yield Call("victim", Api.CAPACITY_SETTER, {"cache_id": "victim", "capacity": size},
+                       lambda size=size: set_capacity(handle["c"], size))
+        yield Call("victim", Api.CACHE_DESTRUCTOR, {"cache_id": "victim"},
+                   lambda: drop_last_reference(handle.pop("c")))
 
     return Workload(setup=(), make_threads=lambda: {"antagonist": antagonist(), "victim": victim()})

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvsim.errors import ConfigError
-from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, Outcome
+from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Sleep, Step, Until, Workload
 from kvsim.traces.mooncake import MooncakeRequest, MooncakeTrace, load_mooncake, output_tokens_for, tokens_for
 
@@ -130,54 +131,50 @@ class _Replay:
         base = {"request": req.index, "cache_id": cid}
         out: dict = {}
 
-        def probe():
-            result = m.probe(prompt)
-            stats.add(probed_tokens=result.reusable_tokens)
-            return result
+        def probe() -> Outcome:
+            outcome = m.probe_reuse.with_plan(prompt)
+            if outcome.error is None:
+                stats.add(probed_tokens=outcome.value)
+            return outcome
 
         if spec.probe_on_arrival:
-            yield Call("arrival", "KVCacheManager.probe_reuse",
-                       base | {"tokens": req.input_length}, probe)
+            yield Call("arrival", Api.PROBE_REUSE, base | {"tokens": req.input_length}, probe)
 
-        def create() -> KvCache:
-            out["cache"] = m.create_kv_cache(prompt, cache_id=cid)
-            return out["cache"]
+        def keep(key: str, call):
+            """The call, keeping what it returned under ``key`` (the next steps depend on it)."""
+            def run() -> Outcome:
+                outcome = call()
+                out[key] = outcome.value
+                return outcome
+            return run
 
-        yield Call("prefill", "KVCacheManager.create_kv_cache",
-                   base | {"tokens": req.input_length}, create)
+        yield Call("prefill", Api.CREATE_KV_CACHE, base | {"tokens": req.input_length},
+                   keep("cache", lambda: m.create_kv_cache.with_plan(prompt, cache_id=cid)))
         cache: KvCache | None = out.get("cache")
         if cache is None:
             stats.fail("create_failed", req.index)
             return
         matched = cache.num_committed_tokens
         stats.add(reused_tokens=matched)
-
-        def returns(key: str, thunk):
-            def run():
-                out[key] = thunk()
-                return out[key]
-            return run
-
-        yield Call("prefill", "KvCache.resume", base, returns("resume", cache.resume))
+        yield Call("prefill", Api.RESUME, base, keep("resume", cache.resume.with_plan))
         if out.get("resume") is not True:
             stats.fail("resume_failed", req.index)
-            yield Call("prefill", "KvCache.close", base, cache.close)
+            yield Call("prefill", Api.CLOSE, base, cache.close.with_plan)
             return
         capacity = req.input_length + req.output_length
         history = req.input_length
-        yield Call("prefill", "KvCache.resize",
-                   base | {"capacity": capacity, "history_length": history},
-                   returns("resize", lambda: cache.resize(capacity, history)))
+        yield Call("prefill", Api.RESIZE, base | {"capacity": capacity, "history_length": history},
+                   keep("resize", lambda: cache.resize.with_plan(capacity, history)))
         if out.get("resize") is not True:
             stats.fail("resize_failed", req.index)
-            yield Call("prefill", "KvCache.close", base, cache.close)
+            yield Call("prefill", Api.CLOSE, base, cache.close.with_plan)
             return
         new = prompt[matched:]
         if spec.prefill_token_interval_us and new.size:
             yield Sleep(new.size * spec.prefill_token_interval_us * 1e-6)
         if new.size:
-            yield Call("prefill", "KvCache.commit", base | {"tokens": int(new.size)},
-                       lambda: cache.commit(new))
+            yield Call("prefill", Api.COMMIT, base | {"tokens": int(new.size)},
+                       lambda: cache.commit.with_plan(new))
         generated = output_tokens_for(req) if req.output_length else None
         done = 0
         step = spec.decode_step_tokens
@@ -187,19 +184,20 @@ class _Replay:
                 yield Sleep(k * spec.decode_token_interval_us * 1e-6)
             if spec.decode_resize:
                 h = history + done + k
-                yield Call("decode", "KvCache.resize",
-                           base | {"capacity": capacity, "history_length": h},
-                           lambda h=h: cache.resize(capacity, h))
+                yield Call("decode", Api.RESIZE, base | {"capacity": capacity, "history_length": h},
+                           lambda h=h: cache.resize.with_plan(capacity, h))
             toks = generated[done:done + k]  # type: ignore[index]
 
-            def commit(toks=toks, k=k):
-                cache.commit(toks)
-                stats.add(output_tokens=k)
+            def commit(toks=toks, k=k) -> Outcome:
+                outcome = cache.commit.with_plan(toks)
+                if outcome.error is None:
+                    stats.add(output_tokens=k)
+                return outcome
 
-            yield Call("decode", "KvCache.commit", base | {"tokens": k}, commit)
+            yield Call("decode", Api.COMMIT, base | {"tokens": k}, commit)
             done += k
-        yield Call("finish", "KvCache.suspend", base, cache.suspend)
-        yield Call("finish", "KvCache.close", base, cache.close)
+        yield Call("finish", Api.SUSPEND, base, cache.suspend.with_plan)
+        yield Call("finish", Api.CLOSE, base, cache.close.with_plan)
         stats.add(completed=1)
 
     def per_request_threads(self) -> dict[str, Iterator[Step]]:

@@ -17,21 +17,22 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from kvsim.errors import InvalidArgumentError, KvsimError
-from kvsim.manager import KvCache, KVCacheManager, ManagerConfig
+from kvsim.errors import InvalidArgumentError
+from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, Outcome, Plan
+from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Step, Until, Workload
 from kvsim.traces.op_trace import OpTrace, TraceOp, load_op_trace
 
 OP_TO_API = {
-    "create_kv_cache": "KVCacheManager.create_kv_cache",
-    "resume": "KvCache.resume",
-    "suspend": "KvCache.suspend",
-    "close": "KvCache.close",
-    "resize": "KvCache.resize",
-    "commit": "KvCache.commit",
-    "stop_committing": "KvCache.stop_committing",
-    "probe_reuse": "KVCacheManager.probe_reuse",
-    "get_and_reset_iteration_stats": "KVCacheManager.get_and_reset_iteration_stats",
+    "create_kv_cache": Api.CREATE_KV_CACHE,
+    "resume": Api.RESUME,
+    "suspend": Api.SUSPEND,
+    "close": Api.CLOSE,
+    "resize": Api.RESIZE,
+    "commit": Api.COMMIT,
+    "stop_committing": Api.STOP_COMMITTING,
+    "probe_reuse": Api.PROBE_REUSE,
+    "get_and_reset_iteration_stats": Api.GET_AND_RESET_ITERATION_STATS,
 }
 
 
@@ -62,40 +63,45 @@ class _Replay:
                 f"unknown cache {op.cache!r}: no create_kv_cache for it ran before this line")
         return cache
 
-    def _action(self, op: TraceOp) -> Callable[[], object]:
+    def _action(self, op: TraceOp) -> Callable[[], Outcome]:
         m = self.manager
         name = op.op
+        scope = {} if op.scope is None else {"reuse_scope": op.scope}
         if name == "create_kv_cache":
-            def create() -> KvCache:
-                kwargs = {} if op.scope is None else {"reuse_scope": op.scope}
-                cache = m.create_kv_cache(op.token_array(), cache_id=op.cache, **kwargs)
-                self.caches[op.cache] = cache  # type: ignore[index]
-                return cache
+            def create() -> Outcome:
+                outcome = m.create_kv_cache.with_plan(op.token_array(), cache_id=op.cache, **scope)
+                if outcome.error is None:
+                    self.caches[op.cache] = outcome.value  # type: ignore[index]
+                return outcome
             return create
         if name == "probe_reuse":
-            kwargs = {} if op.scope is None else {"reuse_scope": op.scope}
-            return lambda: m.probe(op.token_array(), **kwargs)
+            return lambda: m.probe_reuse.with_plan(op.token_array(), **scope)
         if name == "get_and_reset_iteration_stats":
-            return m.get_and_reset_iteration_stats
+            return m.get_and_reset_iteration_stats.with_plan
         if name == "resize":
-            return lambda: self._cache(op).resize(op.capacity, op.history_length)  # type: ignore[arg-type]
+            return lambda: self._cache(op).resize.with_plan(op.capacity, op.history_length)
         if name == "commit":
-            return lambda: self._cache(op).commit(op.token_array())
+            return lambda: self._cache(op).commit.with_plan(op.token_array())
         method = name  # resume, suspend, close, stop_committing
-        return lambda: getattr(self._cache(op), method)()
+        return lambda: getattr(self._cache(op), method).with_plan()
 
     def call(self, op: TraceOp) -> Call:
         action = self._action(op)
+        api = OP_TO_API[op.op]
 
-        def invoke() -> object:
+        def invoke() -> Outcome:
             try:
-                return action()
-            except KvsimError as e:
-                try:
-                    wrapped = type(e)(f"{self._where(op)}: {e}")
-                except TypeError:  # an error type with a different constructor
-                    raise e from None
-                raise wrapped from e
+                outcome = action()
+            except UnknownCacheError as e:
+                outcome = Outcome(None, Plan(api.plan_api, ok=False), e)
+            if outcome.error is None:
+                return outcome
+            e = outcome.error
+            try:
+                wrapped = type(e)(f"{self._where(op)}: {e}")
+            except TypeError:  # an error type with a different constructor
+                return outcome
+            return outcome._replace(error=wrapped)
 
         args: dict = {"line": op.line}
         if op.cache is not None:
@@ -107,7 +113,7 @@ class _Replay:
             args["history_length"] = op.history_length
         if op.scope is not None:
             args["scope"] = op.scope
-        return Call("trace", OP_TO_API[op.op], args, invoke)
+        return Call("trace", api, args, invoke)
 
     def thread(self, ops: list[TraceOp]) -> Iterator[Step]:
         for op in ops:

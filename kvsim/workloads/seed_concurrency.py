@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, PlannedDrop
-from kvsim.runtime.steps import Call, Sleep, Step, Workload
+from kvsim.manager import KVCacheManager, ManagerConfig, Outcome
+from kvsim.runtime.apis import Api
+from kvsim.runtime.steps import Call, Sleep, Step, Workload, drop_last_reference
 from kvsim.workloads import concurrent_probe
 
 
@@ -46,33 +47,36 @@ def workload(config: ManagerConfig, spec: SeedConcurrencyWorkload, manager: KVCa
         for i in range(spec.stats_queries):
             if i:
                 yield Sleep(spec.stats_interval_us * 1e-6)
-            yield Call("stats", "KVCacheManager.get_storage_statistics", {"level": 0},
-                       lambda: manager.get_storage_statistics(0))
-            yield Call("stats", "KVCacheManager.get_committed_stats", {},
-                       manager.get_committed_stats)
-            yield Call("stats", "KVCacheManager.get_and_reset_iteration_stats", {},
-                       manager.get_and_reset_iteration_stats)
+            yield Call("stats", Api.GET_STORAGE_STATISTICS, {"level": 0},
+                       lambda: manager.get_storage_statistics.with_plan(0))
+            yield Call("stats", Api.GET_COMMITTED_STATS, {},
+                       manager.get_committed_stats.with_plan)
+            yield Call("stats", Api.GET_AND_RESET_ITERATION_STATS, {},
+                       manager.get_and_reset_iteration_stats.with_plan)
 
     def owner() -> Iterator[Step]:
         tokens = rng.integers(0, 2**31, size=spec.drop_tokens)
 
-        def create() -> KvCache:
-            shared["cache"] = manager.create_kv_cache(cache_id="dropper")
-            return shared["cache"]
+        def create() -> Outcome:
+            outcome = manager.create_kv_cache.with_plan(cache_id="dropper")
+            shared["cache"] = outcome.value
+            return outcome
 
-        def plan() -> PlannedDrop | None:
-            shared["handle"] = shared["cache"].plan_committed_block_drop()
-            return shared["handle"]
+        def plan() -> Outcome:
+            outcome = shared["cache"].plan_committed_block_drop.with_plan()
+            shared["handle"] = outcome.value
+            return outcome
 
-        yield Call("drop", "KVCacheManager.create_kv_cache", {"cache_id": "dropper"}, create)
-        yield Call("drop", "KvCache.resume", {}, lambda: shared["cache"].resume())
-        yield Call("drop", "KvCache.resize", {"capacity": spec.drop_tokens},
-                   lambda: shared["cache"].resize(spec.drop_tokens))
-        yield Call("drop", "KvCache.commit", {"tokens": spec.drop_tokens},
-                   lambda: shared["cache"].commit(tokens))
-        yield Call("drop", "KvCache.stop_committing", {}, lambda: shared["cache"].stop_committing())
-        yield Call("drop", "KvCache.plan_committed_block_drop", {}, plan)
-        yield Call("drop", "KvCache.close", {}, lambda: shared["cache"].close())
+        yield Call("drop", Api.CREATE_KV_CACHE, {"cache_id": "dropper"}, create)
+        yield Call("drop", Api.RESUME, {}, lambda: shared["cache"].resume.with_plan())
+        yield Call("drop", Api.RESIZE, {"capacity": spec.drop_tokens},
+                   lambda: shared["cache"].resize.with_plan(spec.drop_tokens))
+        yield Call("drop", Api.COMMIT, {"tokens": spec.drop_tokens},
+                   lambda: shared["cache"].commit.with_plan(tokens))
+        yield Call("drop", Api.STOP_COMMITTING, {},
+                   lambda: shared["cache"].stop_committing.with_plan())
+        yield Call("drop", Api.PLAN_COMMITTED_BLOCK_DROP, {}, plan)
+        yield Call("drop", Api.CLOSE, {}, lambda: shared["cache"].close.with_plan())
 
     def collector() -> Iterator[Step]:
         # Hand-over: the handle is discarded on another thread once the owner has made it
@@ -81,17 +85,12 @@ def workload(config: ManagerConfig, spec: SeedConcurrencyWorkload, manager: KVCa
             if "handle" in shared:
                 break
             yield Sleep(10e-6)
-
-        def discard() -> None:
-            handle = shared.pop("handle")
-            if handle is not None:
-                handle.__del__()  # what CPython runs when the last reference goes
-
-        yield Call("drop", "PlannedDrop.__del__", {}, discard)
+        yield Call("drop", Api.DROP_DESTRUCTOR, {},
+                   lambda: drop_last_reference(shared.pop("handle", None)))
 
     def threads() -> dict[str, Iterator[Step]]:
         out = base.make_threads()
         out.update({"stats": stats(), "owner": owner(), "collector": collector()})
         return out
 
-    return Workload(setup=base.setup, make_threads=threads)
+    return Workload(setup=base.setup, make_threads=threads, holds=base.holds)

@@ -61,26 +61,29 @@ def burst_scenario(mgr: KVCacheManager, after: Callable[[str, Plan], None]) -> N
     ``after(api, plan)`` runs after every call with that call's plan.
     """
     def call(api: str, fn: Callable[[], Any]) -> Any:
-        out = fn()
-        after(api, mgr.last_plan)
-        return out
+        outcome = fn()  # the call's with_plan form: value and plan
+        assert outcome.error is None, outcome.error
+        after(api, outcome.plan)
+        return outcome.value
 
-    a = call("create a", lambda: mgr.create_kv_cache(toks(0, 0)))
-    assert call("resume a", a.resume)
-    assert call("resize a", lambda: a.resize(10 * TPB))
-    call("commit a", lambda: a.commit(toks(0, 10 * TPB)))
-    call("suspend a", a.suspend)
-    b = call("create b", lambda: mgr.create_kv_cache(toks(0, 0)))
-    assert call("resume b", b.resume)
-    assert call("resize b", lambda: b.resize(9 * TPB))  # GPU full: a's pages offloaded
-    call("commit b", lambda: b.commit(toks(5000, 9 * TPB)))
-    call("suspend b", b.suspend)
-    assert call("resume a again", a.resume)  # onboards a's pages, offloads b's
-    call("suspend a again", a.suspend)
-    assert call("shrink gpu", lambda: mgr.resize(0, 6 * (8192 + 4096)))  # evict + compact (intra)
-    call("close b", b.close)
-    assert call("shrink host", lambda: mgr.resize(1, 12 * (8192 + 4096)))  # drops + host compaction
-    call("close a", a.close)
+    a = call("create a", lambda: mgr.create_kv_cache.with_plan(toks(0, 0)))
+    assert call("resume a", a.resume.with_plan)
+    assert call("resize a", lambda: a.resize.with_plan(10 * TPB))
+    call("commit a", lambda: a.commit.with_plan(toks(0, 10 * TPB)))
+    call("suspend a", a.suspend.with_plan)
+    b = call("create b", lambda: mgr.create_kv_cache.with_plan(toks(0, 0)))
+    assert call("resume b", b.resume.with_plan)
+    assert call("resize b", lambda: b.resize.with_plan(9 * TPB))  # GPU full: a's pages offloaded
+    call("commit b", lambda: b.commit.with_plan(toks(5000, 9 * TPB)))
+    call("suspend b", b.suspend.with_plan)
+    assert call("resume a again", a.resume.with_plan)  # onboards a's pages, offloads b's
+    call("suspend a again", a.suspend.with_plan)
+    # evict + compact (intra)
+    assert call("shrink gpu", lambda: mgr.resize.with_plan(0, 6 * (8192 + 4096)))
+    call("close b", b.close.with_plan)
+    # drops + host compaction
+    assert call("shrink host", lambda: mgr.resize.with_plan(1, 12 * (8192 + 4096)))
+    call("close a", a.close.with_plan)
 
 
 def numpy_signature(blocks: np.ndarray, slot_bytes: int, pool: int) -> np.ndarray:

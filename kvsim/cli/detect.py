@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Stand-alone entry (``python -m kvsim.cli_detect``), same options as ``kvsim detect``."""
+    """Stand-alone entry (``python -m kvsim.cli.detect``), same options as ``kvsim detect``."""
     parser = argparse.ArgumentParser(prog="kvsim")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["detect", *(sys.argv[1:] if argv is None else argv)])

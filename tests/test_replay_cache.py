@@ -327,12 +327,19 @@ def test_timed_replay_out_of_pages_is_recorded_not_fatal():
 
 
 def test_timed_workload_rejects_bad_settings():
-    with pytest.raises(ConfigError, match="decode_step_tokens"):
-        mooncake_workload.MooncakeReplayWorkload(trace="x", decode_step_tokens=0)
-    with pytest.raises(ConfigError, match="client_threads"):
-        mooncake_workload.MooncakeReplayWorkload(trace="x", client_threads=0)
-    with pytest.raises(ConfigError, match="time_scale"):
-        mooncake_workload.MooncakeReplayWorkload(trace="x", time_scale=-1.0)
+    from kvsim.validation import dotted, validate
+
+    def check(**fields):
+        return validate(mooncake_workload.MooncakeReplayWorkload, {"trace": "x", **fields},
+                        lambda loc, message: ConfigError(f"{dotted(loc)}: {message}"))
+
+    assert check(decode_step_tokens=8).decode_step_tokens == 8
+    with pytest.raises(ConfigError, match=r"decode_step_tokens: must be in \[1, 67108864\]"):
+        check(decode_step_tokens=0)
+    with pytest.raises(ConfigError, match=r"client_threads: must be in \[1, 1024\]"):
+        check(client_threads=0)
+    with pytest.raises(ConfigError, match=r"time_scale: must be in \[0.0, 1000000000.0\]"):
+        check(time_scale=-1.0)
 
 
 def test_timed_workload_steps_are_lazy():

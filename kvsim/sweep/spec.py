@@ -37,7 +37,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +45,9 @@ import yaml
 
 from kvsim.errors import KvsimError
 from kvsim.scenario.load import ScenarioFile
-from kvsim.scenario.schema import Fields, parse_scenario
+from kvsim.scenario.schema import parse_scenario
 from kvsim.scenario.source import ScenarioError, Source, apply_overrides, load_yaml
+from kvsim.validation import MAX_SEED, IntRange, OneOf, Str, schema, validate
 
 METHODS = ("grid", "random", "lhs")
 
@@ -204,31 +205,44 @@ def _method(method: str | None, sample: int | None, where: str) -> tuple[str, in
     return method, sample
 
 
-def _block_params(f: Fields, key: str) -> tuple[tuple[str, tuple], ...]:
-    raw = f.raw(key, {})
-    if not isinstance(raw, dict):
-        raise f.error(key, "must be a mapping of dotted scenario fields to lists of values")
+@schema
+@dataclass(frozen=True)
+class PartBlock:
+    """One entry of ``sweep.parts``: another scenario file swept alongside."""
+
+    scenario: Str
+    params: dict[Str, Any] = field(default_factory=dict)  # dotted field -> list of values
+    method: OneOf(*METHODS) | None = None
+    sample: IntRange(1) | None = None
+    set: dict[Str, Any] = field(default_factory=dict)  # dotted field -> value, every point
+
+
+@schema
+@dataclass(frozen=True)
+class SweepBlock:
+    """A scenario file's ``sweep:`` block."""
+
+    seed: IntRange(0, MAX_SEED) = 0
+    params: dict[Str, Any] = field(default_factory=dict)
+    method: OneOf(*METHODS) | None = None
+    sample: IntRange(1) | None = None
+    set: dict[Str, Any] = field(default_factory=dict)
+    parts: tuple[PartBlock, ...] = ()
+
+
+def _block_params(block: SweepBlock | PartBlock, source: Source,
+                  where: tuple) -> tuple[tuple[str, tuple], ...]:
     out = []
-    for k, v in raw.items():
+    for k, v in block.params.items():
         values = tuple(v) if isinstance(v, list) else (v,)
         if not values or any(x is None for x in values):
-            raise f.source.error(f.path + (key, k), "needs one or more (non-null) values")
+            raise source.error(where + ("params", k), "needs one or more (non-null) values")
         out.append((str(k), values))
     return tuple(out)
 
 
-def _block_set(f: Fields) -> tuple[str, ...]:
-    raw = f.raw("set", {})
-    if not isinstance(raw, dict):
-        raise f.error("set", "must be a mapping of dotted scenario fields to values")
-    return tuple(f"{k}={yaml_scalar(v)}" for k, v in raw.items())
-
-
-def _draw(f: Fields) -> tuple[str | None, int | None]:
-    """A block's (method, sample); they are inherited (or overridden) together."""
-    method = f.str("method", None, METHODS) if f.raw("method", None) is not None else None
-    sample = f.int("sample", None, minimum=1) if f.raw("sample", None) is not None else None
-    return method, sample
+def _block_set(block: SweepBlock | PartBlock) -> tuple[str, ...]:
+    return tuple(f"{k}={yaml_scalar(v)}" for k, v in block.set.items())
 
 
 def _part(path: str, params, fixed, method, sample, where: str) -> Part:
@@ -258,24 +272,20 @@ def load_sweep(path: str | Path, params: list[str] | None = None, sets: list[str
     elif block is None:
         raise SweepError(f"{path}: no --param given and the file has no 'sweep:' block")
     else:
-        f = Fields(block, source, ("sweep",), {"seed", "method", "sample", "params", "parts", "set"})
-        block_seed = f.int("seed", 0)
-        top_draw = _draw(f)
-        parts = [_part(path, _block_params(f, "params"), _block_set(f) + cli_fixed,
+        spec = validate(SweepBlock, block, lambda loc, message: source.error(("sweep", *loc),
+                                                                             message))
+        block_seed = spec.seed
+        top_draw = (spec.method, spec.sample)
+        parts = [_part(path, _block_params(spec, source, ("sweep",)), _block_set(spec) + cli_fixed,
                        *(cli_draw or top_draw), f"{path}: sweep")]
-        raw_parts = f.raw("parts", [])
-        if not isinstance(raw_parts, list):
-            raise f.error("parts", "must be a list of {scenario, params, method, sample, set}")
-        for i, body in enumerate(raw_parts):
-            pf = Fields(body, source, ("sweep", "parts", i),
-                        {"scenario", "params", "method", "sample", "set"})
-            sub = Path(pf.str("scenario"))
+        for i, part in enumerate(spec.parts):
+            sub = Path(part.scenario)
             if not sub.is_absolute():
                 sub = Path(path).parent / sub
-            part_draw = _draw(pf)
+            part_draw = (part.method, part.sample)
             draw = cli_draw or (part_draw if part_draw != (None, None) else top_draw)
-            parts.append(_part(str(sub), _block_params(pf, "params"), _block_set(pf) + cli_fixed,
-                               *draw, f"{path}: sweep.parts.{i}"))
+            parts.append(_part(str(sub), _block_params(part, source, ("sweep", "parts", i)),
+                               _block_set(part) + cli_fixed, *draw, f"{path}: sweep.parts.{i}"))
     if seed is None:
         seed = block_seed
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:

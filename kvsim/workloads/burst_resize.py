@@ -11,22 +11,31 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, Outcome
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Workload
+from kvsim.validation import FloatRange, IntRange, schema
 
 
+@schema
 @dataclass(frozen=True)
 class BurstResizeWorkload:
-    history_tokens: int
-    capacity_tokens: int
-    growth_steps: int = 1
-    gpu_fill_fraction: float = 1.0
-    filler_requests: int = 4
-    kind: str = "burst_resize"
+    history_tokens: IntRange(0, MAX_SEQUENCE_TOKENS)
+    capacity_tokens: IntRange(0, MAX_SEQUENCE_TOKENS) | None = None  # default history + 1
+    growth_steps: IntRange(1, 100_000) = 1  # resize calls to reach the target (1: a burst)
+    gpu_fill_fraction: FloatRange(0.0, 1.0) = 1.0  # GPU filled by earlier requests
+    filler_requests: IntRange(1, 100_000) = 4
+    kind: Literal["burst_resize"] = "burst_resize"
+
+    def __post_init__(self) -> None:
+        if self.capacity_tokens is None:
+            object.__setattr__(self, "capacity_tokens",
+                               min(self.history_tokens + 1, MAX_SEQUENCE_TOKENS))
 
 
 def _fill_tokens(config: ManagerConfig, manager: KVCacheManager, fraction: float) -> int:

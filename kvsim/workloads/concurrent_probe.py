@@ -12,24 +12,28 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from kvsim.manager import KVCacheManager, ManagerConfig
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Sleep, Step, Until, Workload
+from kvsim.validation import MAX_COUNT, MAX_THREADS, FloatRange, IntRange, schema
 from kvsim.workloads import burst_resize
 
 
+@schema
 @dataclass(frozen=True)
 class ConcurrentProbeWorkload:
     background: burst_resize.BurstResizeWorkload
-    probe_threads: int = 8
-    probes_per_thread: int = 500
-    probe_interval_us: float = 0.0
-    probe_tokens: int = 4096
-    resize_start_us: float = 100.0
-    kind: str = "concurrent_probe"
+    probe_threads: IntRange(1, MAX_THREADS) = 8
+    probes_per_thread: IntRange(1, MAX_COUNT) = 500
+    probe_interval_us: FloatRange(0.0, 1e9) = 0.0  # think time between one thread's probes
+    probe_tokens: IntRange(1, MAX_SEQUENCE_TOKENS) = 4096  # tokens per probe
+    resize_start_us: FloatRange(0.0, 1e12) = 100.0  # when the background resize starts
+    kind: Literal["concurrent_probe"] = "concurrent_probe"
 
 
 def prober(manager: KVCacheManager, tokens: np.ndarray, count: int,

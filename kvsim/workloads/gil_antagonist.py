@@ -13,22 +13,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, Outcome
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Sleep, Step, Workload, drop_last_reference, set_capacity
+from kvsim.validation import MAX_COUNT, FloatRange, IntRange, schema
 
 
+@schema
 @dataclass(frozen=True)
 class GilAntagonistWorkload:
-    iterations: int = 50  # antagonist create/commit/close cycles
-    setter_calls: int = 50  # victim capacity-setter calls
-    tokens: int = 64  # tokens each antagonist iteration commits
-    priority: int = 50  # what the antagonist's priority callback returns
-    victim_start_us: float = 1.0
-    kind: str = "gil_antagonist"
+    iterations: IntRange(1, MAX_COUNT) = 50  # antagonist create/commit/close cycles
+    setter_calls: IntRange(1, MAX_COUNT) = 50  # victim capacity-setter calls
+    tokens: IntRange(1, MAX_SEQUENCE_TOKENS) = 64  # tokens each antagonist iteration commits
+    priority: IntRange(0, 100) = 50  # what the antagonist's priority callback returns
+    victim_start_us: FloatRange(0.0, 1e12) = 1.0
+    kind: Literal["gil_antagonist"] = "gil_antagonist"
 
 
 def workload(config: ManagerConfig, spec: GilAntagonistWorkload, manager: KVCacheManager,

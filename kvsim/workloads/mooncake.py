@@ -30,46 +30,30 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from kvsim.errors import ConfigError
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, Outcome
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Sleep, Step, Until, Workload
 from kvsim.traces.mooncake import MooncakeRequest, MooncakeTrace, load_mooncake, output_tokens_for, tokens_for
+from kvsim.validation import MAX_THREADS, Bool, FloatRange, IntRange, Str, schema
 
 
+@schema
 @dataclass(frozen=True)
 class MooncakeReplayWorkload:
-    trace: str  # path of the Mooncake JSONL trace
-    max_requests: int | None = None  # replay only the first N requests
-    time_scale: float = 1.0  # arrival times are multiplied by this (0.5: twice the rate)
-    decode_step_tokens: int = 32  # tokens per decode resize+commit (one 32-token block)
-    decode_token_interval_us: float = 20_000.0  # time per generated token
-    prefill_token_interval_us: float = 0.0  # time per prompt token not reused (before its commit)
-    decode_resize: bool = True  # a resize (history advance) before each decode commit
-    probe_on_arrival: bool = True  # False: skip step 1 (create_kv_cache matches anyway)
-    client_threads: int | None = None  # None: one thread per request
-    skip_bad_lines: bool = False
-    kind: str = "mooncake"
-
-    def __post_init__(self) -> None:
-        if self.max_requests is not None and (isinstance(self.max_requests, bool)
-                                              or not isinstance(self.max_requests, int)
-                                              or self.max_requests < 1):
-            raise ConfigError(f"max_requests must be an integer >= 1, got {self.max_requests!r}")
-        if isinstance(self.decode_step_tokens, bool) or not isinstance(self.decode_step_tokens, int) \
-                or self.decode_step_tokens < 1:
-            raise ConfigError(f"decode_step_tokens must be an integer >= 1, got "
-                              f"{self.decode_step_tokens!r}")
-        for name in ("time_scale", "decode_token_interval_us", "prefill_token_interval_us"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
-        if self.client_threads is not None and (isinstance(self.client_threads, bool)
-                                                or not isinstance(self.client_threads, int)
-                                                or self.client_threads < 1):
-            raise ConfigError(f"client_threads must be an integer >= 1 or omitted, got "
-                              f"{self.client_threads!r}")
+    trace: Str  # path of the Mooncake JSONL trace
+    max_requests: IntRange(1) | None = None  # replay only the first N requests
+    time_scale: FloatRange(0.0, 1e9) = 1.0  # arrival times are multiplied by this (0.5: 2x rate)
+    decode_step_tokens: IntRange(1, MAX_SEQUENCE_TOKENS) = 32  # tokens per decode resize+commit
+    decode_token_interval_us: FloatRange(0.0, 1e12) = 20_000.0  # time per generated token
+    prefill_token_interval_us: FloatRange(0.0, 1e12) = 0.0  # per prompt token not reused
+    decode_resize: Bool = True  # a resize (history advance) before each decode commit
+    probe_on_arrival: Bool = True  # False: skip step 1 (create_kv_cache matches anyway)
+    client_threads: IntRange(1, MAX_THREADS) | None = None  # None: one thread per request
+    skip_bad_lines: Bool = False
+    kind: Literal["mooncake"] = "mooncake"
 
 
 @dataclass

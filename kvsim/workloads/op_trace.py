@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 from kvsim.errors import InvalidArgumentError
 from kvsim.manager import KvCache, KVCacheManager, ManagerConfig, Outcome, Plan
 from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Step, Until, Workload
 from kvsim.traces.op_trace import OpTrace, TraceOp, load_op_trace
+from kvsim.validation import Bool, Str, schema
 
 OP_TO_API = {
     "create_kv_cache": Api.CREATE_KV_CACHE,
@@ -40,11 +42,12 @@ class UnknownCacheError(InvalidArgumentError):
     """An op trace names a cache that no earlier ``create_kv_cache`` created."""
 
 
+@schema
 @dataclass(frozen=True)
 class OpTraceWorkload:
-    trace: str  # path of the JSONL op trace
-    skip_bad_lines: bool = False
-    kind: str = "op_trace"
+    trace: Str  # path of the JSONL op trace
+    skip_bad_lines: Bool = False
+    kind: Literal["op_trace"] = "op_trace"
 
 
 class _Replay:

@@ -16,30 +16,33 @@ The fixed configuration must pass: every call succeeds, no violation, no deadloc
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
 from kvsim.manager import KVCacheManager, ManagerConfig, Outcome
+from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, Sleep, Step, Workload, drop_last_reference
+from kvsim.validation import MAX_COUNT, FloatRange, IntRange, schema
 from kvsim.workloads import concurrent_probe
 
 
+@schema
 @dataclass(frozen=True)
-class SeedConcurrencyWorkload:
-    probes: concurrent_probe.ConcurrentProbeWorkload = field(
-        default_factory=lambda: concurrent_probe.ConcurrentProbeWorkload(
-            background=concurrent_probe.burst_resize.BurstResizeWorkload(0, 1)))
-    stats_queries: int = 50
-    stats_interval_us: float = 20.0
-    drop_tokens: int = 256
-    kind: str = "seed_concurrency"
+class SeedConcurrencyWorkload(concurrent_probe.ConcurrentProbeWorkload):
+    """The concurrent-probe workload's fields, and the stats and drop threads'."""
+
+    stats_queries: IntRange(1, MAX_COUNT) = 50
+    stats_interval_us: FloatRange(0.0, 1e9) = 20.0
+    drop_tokens: IntRange(1, MAX_SEQUENCE_TOKENS) = 256
+    kind: Literal["seed_concurrency"] = "seed_concurrency"
 
 
 def workload(config: ManagerConfig, spec: SeedConcurrencyWorkload, manager: KVCacheManager,
              seed: int) -> Workload:
-    base = concurrent_probe.workload(config, spec.probes, manager, seed)
+    base = concurrent_probe.workload(config, spec, manager, seed)
     rng = np.random.default_rng(seed + 1)
     shared: dict[str, object] = {}
 

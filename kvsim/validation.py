@@ -73,14 +73,17 @@ def IntRange(lo: int, hi: int | None = None) -> Any:  # noqa: N802 - a type, nam
     return Annotated[int, Strict(), AfterValidator(check)]
 
 
-def FloatRange(lo: float, hi: float, lo_open: bool = False) -> Any:  # noqa: N802
-    """A finite number in ``[lo, hi]`` (``(lo, hi]`` when ``lo_open``); integers accepted."""
+def FloatRange(lo: float, hi: float | None = None, lo_open: bool = False) -> Any:  # noqa: N802
+    """A finite number in ``[lo, hi]`` (``(lo, hi]`` when ``lo_open``; no upper bound: ``>= lo``);
+    integers accepted."""
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _fail("kvsim_number", f"must be a number, got {value!r}")
         if not math.isfinite(value):
             raise _fail("kvsim_finite", f"must be a finite number, got {value!r}")
-        if value > hi or value < lo or (lo_open and value == lo):
+        if hi is None and value < lo:
+            raise _fail("kvsim_range", f"must be >= {lo:g}, got {value}")
+        if hi is not None and (value > hi or value < lo or (lo_open and value == lo)):
             raise _fail("kvsim_range", f"must be in {'(' if lo_open else '['}{lo}, {hi}], "
                         f"got {value}")
         return float(value)

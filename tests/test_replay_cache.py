@@ -205,7 +205,7 @@ def test_cli_bad_trace_exits_2_naming_the_line(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(HANDMADE.read_text() + '{"timestamp": 1, "input_length": 5}\n')
     assert main(["replay-cache", str(bad), "--capacity-tokens", "2048", "--json"]) == 2
-    assert f"{bad}:7: output_length: missing field" in capsys.readouterr().err
+    assert f"{bad}:7: output_length: required field is missing" in capsys.readouterr().err
     assert main(["replay-cache", str(bad), "--capacity-tokens", "2048", "--json", "--quiet",
                  "--skip-bad-lines"]) == 0
     captured = capsys.readouterr()

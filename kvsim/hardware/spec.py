@@ -11,11 +11,43 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 from kvsim.errors import ConfigError
+from kvsim.validation import Bool, FloatRange, IntRange, OneOf, Str, dotted, schema, validate
 
 PRESET_DIR = Path(__file__).with_name("presets")
+Number = FloatRange(-1e18, 1e18)  # a finite number (every one names its source)
+
+
+def _curve(points: Any) -> tuple[tuple[float, float], ...]:
+    """Ascending ``[page_bytes, gbps]`` pairs, all positive."""
+    from pydantic_core import PydanticCustomError
+
+    try:
+        pts = tuple((float(a), float(b)) for a, b in points)
+    except (TypeError, ValueError):
+        pts = ()
+    if not pts or any(b <= 0 or a <= 0 for a, b in pts) or list(pts) != sorted(pts):
+        raise PydanticCustomError("kvsim_curve", "needs ascending [page_bytes, gbps] pairs, "
+                                  "all positive")
+    return pts
+
+
+Curve = Annotated[tuple[tuple[float, float], ...], BeforeValidator(_curve)]
+
+
+def PerDirectionMap(item: Any) -> Any:  # noqa: N802 - a type
+    """A mapping with exactly the keys ``offload`` and ``onboard``."""
+    def check(value: Any) -> Any:
+        from pydantic_core import PydanticCustomError
+
+        if not isinstance(value, dict) or set(value) != set(DIRECTIONS):
+            raise PydanticCustomError("kvsim_directions", "needs exactly 'offload' and 'onboard'")
+        return value
+    return Annotated[dict[str, item], BeforeValidator(check)]
 DIRECTIONS = ("offload", "onboard")  # offload = GPU -> host (D2H), onboard = host -> GPU (H2D)
 
 
@@ -23,10 +55,11 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
+@schema
 @dataclass(frozen=True)
 class PerDirection:
-    offload: float
-    onboard: float
+    offload: Number
+    onboard: Number
 
     def __getitem__(self, direction: str) -> float:
         if direction not in DIRECTIONS:
@@ -34,33 +67,36 @@ class PerDirection:
         return self.offload if direction == "offload" else self.onboard
 
 
+@schema
 @dataclass(frozen=True)
 class LinkSpec:
     """The CPU-GPU link. ``per_direction_gbps`` is what one direction moves alone."""
 
-    kind: str  # "pcie" | "c2c"
-    coherent: bool
-    detected_gbps: float  # what topology detection reports; the grid policy's input
+    kind: OneOf("pcie", "c2c")
+    coherent: Bool
+    detected_gbps: Number  # what topology detection reports; the grid policy's input
     per_direction_gbps: PerDirection  # achievable by one direction alone (GB/s = 1e9 B/s)
     # Each direction's share of its solo bandwidth while the other direction is busy too.
-    bidirectional_factor: float
+    bidirectional_factor: FloatRange(0.0, 1.0, lo_open=True)
 
 
+@schema
 @dataclass(frozen=True)
 class CopyEngineSpec:
     """Copy engines (DMA): ``cudaMemcpyAsync`` per page and ``cudaMemcpyBatchAsync``."""
 
-    count: int  # asyncEngineCount
+    count: IntRange(0, 64)  # asyncEngineCount
     plateau_gbps: PerDirection  # large contiguous copies
     per_copy_device_us: PerDirection  # fixed device time of one cudaMemcpyAsync
-    per_call_host_us: float  # host time to issue one cudaMemcpyAsync
-    batch_call_host_us: float  # host time of one cudaMemcpyBatchAsync call ...
-    batch_descriptor_host_us: float  # ... plus this per descriptor
+    per_call_host_us: Number  # host time to issue one cudaMemcpyAsync
+    batch_call_host_us: Number  # host time of one cudaMemcpyBatchAsync call ...
+    batch_descriptor_host_us: Number  # ... plus this per descriptor
     # Batched-copy throughput by page size: [[page_bytes, gbps], ...] per direction, ascending;
     # interpolated in log(page_bytes), clamped at the ends. Captures the small-copy cliff.
-    batch_curve: dict[str, tuple[tuple[float, float], ...]]
+    batch_curve: PerDirectionMap(Curve)
 
 
+@schema
 @dataclass(frozen=True)
 class KernelSpec:
     """The LDGSTS (cp.async) paged copy kernel: Little's law per CTA up to a plateau.
@@ -71,22 +107,23 @@ class KernelSpec:
     ``min(N*lambda, Xmax)`` (``knee_p`` None) or ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)``.
     """
 
-    sm_count: int
-    threads_per_cta: int
-    tile_bytes: int  # bytes one CTA moves per tile; pages are packed into or split across tiles
+    sm_count: IntRange(1, 4096)
+    threads_per_cta: IntRange(1, 4096)
+    tile_bytes: IntRange(1)  # bytes one CTA moves per tile; pages are packed into or split
     default_inflight_bytes: PerDirection  # bytes in flight per CTA when a run does not say
     latency_us: PerDirection
-    per_cta_max_gbps: dict[str, float | None]
+    per_cta_max_gbps: PerDirectionMap(Number | None)
     plateau_gbps: PerDirection  # Xmax
-    knee_p: dict[str, float | None]
-    bidirectional_factor: float  # fraction of each direction's plateau kept while both run
-    launch_host_us: float
+    knee_p: PerDirectionMap(Number | None)
+    bidirectional_factor: Number  # fraction of each direction's plateau kept while both run
+    launch_host_us: Number
     unaligned_efficiency: PerDirection  # alignment-agnostic kernel throughput / fast kernel
     # Extra time per page in each CTA's window (the page's slot-index load before its chunks can
     # be addressed): lambda(b) = b / (latency + b / per_cta_max + (b / page_bytes) * this).
     page_latency_us: PerDirection
 
 
+@schema
 @dataclass(frozen=True)
 class CopierSpec:
     """What this project's hardware copier (:class:`hw.executor_copies.PlanCopier`) adds to a
@@ -96,33 +133,36 @@ class CopierSpec:
     after the copy stream has been idle for at least ``idle_after_ms``."""
 
     batch_device_us: PerDirection
-    submit_batch_host_us: float
-    submit_page_host_us: float
+    submit_batch_host_us: Number
+    submit_page_host_us: Number
     idle_wake_us: PerDirection
-    idle_after_ms: float
+    idle_after_ms: Number
 
 
+@schema
 @dataclass(frozen=True)
 class GridPolicy:
     """KVCM2's CTA sizing: cap = efficiency x link (coherent: <= host sustained); Little's law."""
 
-    per_cta_gbps: float  # kPerCtaGBs
-    link_efficiency: float  # kLinkEfficiency
-    host_sustained_gbps: float  # kHostSustainedGBs (coherent links only)
+    per_cta_gbps: Number  # kPerCtaGBs
+    link_efficiency: Number  # kLinkEfficiency
+    host_sustained_gbps: Number  # kHostSustainedGBs (coherent links only)
     grid_mult: PerDirection  # kOffloadGridMult, kOnboardGridMult
 
 
+@schema
 @dataclass(frozen=True)
 class HardwareSpec:
-    name: str
-    description: str
-    gpu: str
+    name: Str
+    description: Str
+    gpu: Str
     link: LinkSpec
     copy_engine: CopyEngineSpec
     kernel: KernelSpec
     grid_policy: GridPolicy
     copier: CopierSpec
-    device_copy_gbps: float  # copies within one level (partial-reuse and defragmentation copies)
+    device_copy_gbps: Number  # copies within one level (partial-reuse and defragmentation)
+    # Each number's source, by dotted field ("kernel.latency_us.offload": "the seed, ...").
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def default_path(self) -> str:
@@ -146,102 +186,6 @@ def _strip_sources(node: Any, path: str, sources: dict[str, str], filename: str)
         raise ConfigError(f"{filename}: {path}: the number {node} names no source; "
                           'write {"value": ..., "source": "..."}')
     return node
-
-
-def _per_direction(d: dict, where: str) -> PerDirection:
-    try:
-        return PerDirection(float(d["offload"]), float(d["onboard"]))
-    except (KeyError, TypeError, ValueError):
-        raise ConfigError(f"{where}: needs numeric 'offload' and 'onboard'") from None
-
-
-def _build(data: dict, sources: dict[str, str], filename: str) -> HardwareSpec:
-    def need(d: dict, key: str, where: str) -> Any:
-        if not isinstance(d, dict) or key not in d:
-            raise ConfigError(f"{filename}: {where}.{key}: required field is missing")
-        return d[key]
-
-    link = need(data, "link", "")
-    ce = need(data, "copy_engine", "")
-    k = need(data, "kernel", "")
-    gp = need(data, "grid_policy", "")
-    cp = need(data, "copier", "")
-    curve = {}
-    for direction in DIRECTIONS:
-        points = need(need(ce, "batch_curve", "copy_engine"), direction, "copy_engine.batch_curve")
-        pts = tuple((float(a), float(b)) for a, b in points)
-        if not pts or any(b <= 0 or a <= 0 for a, b in pts) or \
-                list(pts) != sorted(pts):
-            raise ConfigError(f"{filename}: copy_engine.batch_curve.{direction}: needs ascending "
-                              "[page_bytes, gbps] pairs, all positive")
-        curve[direction] = pts
-    spec = HardwareSpec(
-        name=str(need(data, "name", "")),
-        description=str(data.get("description", "")),
-        gpu=str(need(data, "gpu", "")),
-        link=LinkSpec(
-            kind=str(need(link, "kind", "link")),
-            coherent=bool(need(link, "coherent", "link")),
-            detected_gbps=float(need(link, "detected_gbps", "link")),
-            per_direction_gbps=_per_direction(need(link, "per_direction_gbps", "link"),
-                                              f"{filename}: link.per_direction_gbps"),
-            bidirectional_factor=float(need(link, "bidirectional_factor", "link")),
-        ),
-        copy_engine=CopyEngineSpec(
-            count=int(need(ce, "count", "copy_engine")),
-            plateau_gbps=_per_direction(need(ce, "plateau_gbps", "copy_engine"),
-                                        f"{filename}: copy_engine.plateau_gbps"),
-            per_copy_device_us=_per_direction(need(ce, "per_copy_device_us", "copy_engine"),
-                                              f"{filename}: copy_engine.per_copy_device_us"),
-            per_call_host_us=float(need(ce, "per_call_host_us", "copy_engine")),
-            batch_call_host_us=float(need(ce, "batch_call_host_us", "copy_engine")),
-            batch_descriptor_host_us=float(need(ce, "batch_descriptor_host_us", "copy_engine")),
-            batch_curve=curve,
-        ),
-        kernel=KernelSpec(
-            sm_count=int(need(k, "sm_count", "kernel")),
-            threads_per_cta=int(need(k, "threads_per_cta", "kernel")),
-            tile_bytes=int(need(k, "tile_bytes", "kernel")),
-            default_inflight_bytes=_per_direction(need(k, "default_inflight_bytes", "kernel"),
-                                                  f"{filename}: kernel.default_inflight_bytes"),
-            latency_us=_per_direction(need(k, "latency_us", "kernel"),
-                                      f"{filename}: kernel.latency_us"),
-            per_cta_max_gbps={d: need(need(k, "per_cta_max_gbps", "kernel"), d,
-                                      "kernel.per_cta_max_gbps") for d in DIRECTIONS},
-            plateau_gbps=_per_direction(need(k, "plateau_gbps", "kernel"),
-                                        f"{filename}: kernel.plateau_gbps"),
-            knee_p={d: need(need(k, "knee_p", "kernel"), d, "kernel.knee_p") for d in DIRECTIONS},
-            bidirectional_factor=float(need(k, "bidirectional_factor", "kernel")),
-            launch_host_us=float(need(k, "launch_host_us", "kernel")),
-            unaligned_efficiency=_per_direction(need(k, "unaligned_efficiency", "kernel"),
-                                                f"{filename}: kernel.unaligned_efficiency"),
-            page_latency_us=_per_direction(need(k, "page_latency_us", "kernel"),
-                                           f"{filename}: kernel.page_latency_us"),
-        ),
-        copier=CopierSpec(
-            batch_device_us=_per_direction(need(cp, "batch_device_us", "copier"),
-                                           f"{filename}: copier.batch_device_us"),
-            submit_batch_host_us=float(need(cp, "submit_batch_host_us", "copier")),
-            submit_page_host_us=float(need(cp, "submit_page_host_us", "copier")),
-            idle_wake_us=_per_direction(need(cp, "idle_wake_us", "copier"),
-                                        f"{filename}: copier.idle_wake_us"),
-            idle_after_ms=float(need(cp, "idle_after_ms", "copier")),
-        ),
-        grid_policy=GridPolicy(
-            per_cta_gbps=float(need(gp, "per_cta_gbps", "grid_policy")),
-            link_efficiency=float(need(gp, "link_efficiency", "grid_policy")),
-            host_sustained_gbps=float(need(gp, "host_sustained_gbps", "grid_policy")),
-            grid_mult=_per_direction(need(gp, "grid_mult", "grid_policy"),
-                                     f"{filename}: grid_policy.grid_mult"),
-        ),
-        device_copy_gbps=float(need(data, "device_copy_gbps", "")),
-        sources=sources,
-    )
-    if spec.link.kind not in ("pcie", "c2c"):
-        raise ConfigError(f"{filename}: link.kind must be 'pcie' or 'c2c', got {spec.link.kind!r}")
-    if not 0 < spec.link.bidirectional_factor <= 1:
-        raise ConfigError(f"{filename}: link.bidirectional_factor must be in (0, 1]")
-    return spec
 
 
 def load_preset_json(name_or_path: str | Path, preset_dir: Path, what: str) -> tuple[Path, Any]:
@@ -271,4 +215,9 @@ def load_hardware(name_or_path: str | Path) -> HardwareSpec:
 def hardware_from_dict(data: dict, where: str) -> HardwareSpec:
     """A hardware JSON already parsed; ``where`` names it in errors."""
     sources: dict[str, str] = {}
-    return _build(_strip_sources(data, "", sources, where), sources, where)
+    values = _strip_sources(data, "", sources, where)
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: must be a JSON object")
+    values = {"description": "", **values, "sources": sources}
+    return validate(HardwareSpec, values,
+                    lambda loc, message: ConfigError(f"{where}: {dotted(loc)}: {message}"))

@@ -120,7 +120,6 @@ from kvsim.validation import (
     ByteRange,
     Bytes,
     FloatRange,
-    Int,
     IntRange,
     NonEmpty,
     OneOf,

@@ -75,7 +75,7 @@ def check_int(record: dict, name: str, minimum: int | None = 0, required: bool =
     """``record[name]`` as an int (bools rejected) in ``[minimum, maximum]``; raises LineError."""
     if name not in record:
         if required:
-            raise LineError(name, "missing field")
+            raise LineError(name, "required field is missing")
         return None
     value = record[name]
     if isinstance(value, bool) or not isinstance(value, int):
@@ -92,7 +92,7 @@ def check_number(record: dict, name: str, minimum: float | None = 0.0,
     """``record[name]`` as a finite int or float (bools rejected), at least ``minimum``."""
     if name not in record:
         if required:
-            raise LineError(name, "missing field")
+            raise LineError(name, "required field is missing")
         return None
     value = record[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):

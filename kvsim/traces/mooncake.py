@@ -107,7 +107,7 @@ class _Parser:
     def __call__(self, obj: dict, line: int) -> MooncakeRequest:
         for name in FIELDS:
             if name not in obj:
-                raise LineError(name, "missing field")
+                raise LineError(name, "required field is missing")
         timestamp = check_number(obj, "timestamp")
         input_length = check_int(obj, "input_length", maximum=MAX_SEQUENCE_TOKENS)
         output_length = check_int(obj, "output_length", maximum=MAX_SEQUENCE_TOKENS)

@@ -47,26 +47,28 @@ was set), so ``load(write(ops)) == ops``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import IO
+from typing import IO, Annotated, Any
 
 import numpy as np
+from pydantic import AfterValidator, BeforeValidator, Strict
+from pydantic_core import PydanticCustomError
 
 from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.traces import (
     LineError,
     SkippedLine,
-    check_int,
-    check_number,
     read_jsonl,
     skip_summary,
     stream_tokens,
 )
+from kvsim.validation import Bool, FloatRange, Int, IntRange, OneOf, Str, dotted, schema, validate
 
 OPS = ("create_kv_cache", "resume", "suspend", "close", "resize", "commit", "stop_committing",
        "probe_reuse", "get_and_reset_iteration_stats")
@@ -163,7 +165,65 @@ class OpTrace:
         return skip_summary(self.path, self.skipped_lines, self.skipped)
 
 
-_KNOWN = frozenset(KEY_ORDER)
+def _token(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < 1 << 32:  # noqa: E721 - no bools
+        raise PydanticCustomError("kvsim_token", "must be an integer in [0, 2**32), got {value}",
+                                  {"value": repr(value)})
+    return value
+
+
+def _scope(value: Any) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise PydanticCustomError("kvsim_scope", "must be an integer or a string, got {value}",
+                                  {"value": json.dumps(value)})
+    return value
+
+
+def _non_empty(value: str) -> str:
+    if not value:
+        raise PydanticCustomError("kvsim_empty", "must be a non-empty string")
+    return value
+
+
+def _tokens(value: Any) -> Any:
+    if not isinstance(value, list):
+        raise PydanticCustomError("kvsim_tokens", "must be a list of token ids, got {kind}",
+                                  {"kind": type(value).__name__})
+    if len(value) > MAX_SEQUENCE_TOKENS:
+        raise PydanticCustomError("kvsim_tokens", f"{len(value)} tokens; at most "
+                                  f"{MAX_SEQUENCE_TOKENS}")
+    return value
+
+
+Name = Annotated[str, Strict(), AfterValidator(_non_empty)]
+Tokens = IntRange(0, MAX_SEQUENCE_TOKENS)
+
+
+@schema
+@dataclass(frozen=True)
+class _Record:
+    """One line's keys and the rule of each (which op takes which key: :meth:`_Parser.__call__`)."""
+
+    t: FloatRange(0.0)
+    thread: Name
+    op: OneOf(*OPS)
+    cache: Name | None = None
+    tokens: Annotated[tuple[Annotated[int, BeforeValidator(_token)], ...],
+                      BeforeValidator(_tokens)] | None = None
+    token_count: Tokens | None = None
+    token_seed: IntRange(0, 2**63 - 1) | None = None
+    token_offset: Tokens | None = None
+    capacity: Tokens | None = None
+    history_length: Tokens | None = None
+    scope: Annotated[Any, BeforeValidator(_scope)] = None
+    ok: Bool | None = None
+    result: Bool | Int | None = None
+    error: Str | None = None
+    duration_s: FloatRange(0.0) | None = None
+
+
+def _record_error(loc: tuple, message: str) -> LineError:
+    return LineError(dotted(loc) if loc else None, message)
 
 
 class _Parser:
@@ -173,94 +233,44 @@ class _Parser:
         self.last_t: dict[str, tuple[float, int]] = {}
 
     def __call__(self, obj: dict, line: int) -> TraceOp:
-        unknown = sorted(set(obj) - _KNOWN)
-        if unknown:
-            raise LineError(unknown[0], f"unknown key (known: {', '.join(KEY_ORDER)})")
-        t = check_number(obj, "t")
-        for name in ("thread", "op"):
-            if name not in obj:
-                raise LineError(name, "missing field")
-        thread, op = obj["thread"], obj["op"]
-        if not isinstance(thread, str) or not thread:
-            raise LineError("thread", f"must be a non-empty string, got {json.dumps(thread)}")
-        if op not in OPS:
-            raise LineError("op", f"unknown op {json.dumps(op)} (known: {', '.join(OPS)})")
-        kw: dict = {}
-        # cache
-        if op in CACHE_OPS:
-            cache = obj.get("cache")
-            if cache is None:
-                raise LineError("cache", f"missing field (required by {op})")
-            if not isinstance(cache, str) or not cache:
-                raise LineError("cache", f"must be a non-empty string, got {json.dumps(cache)}")
-            kw["cache"] = cache
-        elif "cache" in obj:
+        if "t" in obj and obj["t"] is None:
+            raise LineError("t", "required field is missing")
+        rec = validate(_Record, obj, _record_error)
+        op = rec.op
+        if op in CACHE_OPS and rec.cache is None:
+            raise LineError("cache", f"required field is missing ({op} needs it)")
+        if op not in CACHE_OPS and rec.cache is not None:
             raise LineError("cache", f"not an argument of {op}")
-        # tokens
-        synth = [k for k in TOKEN_SYNTH_KEYS if k in obj]
+        synth = [k for k in TOKEN_SYNTH_KEYS if getattr(rec, k) is not None]
         if op not in TOKEN_OPS:
             for k in ("tokens", *synth):
-                if k in obj:
+                if getattr(rec, k) is not None:
                     raise LineError(k, f"not an argument of {op}")
-        elif "tokens" in obj:
-            if synth:
-                raise LineError(synth[0], "give either tokens or token_count/token_seed/"
-                                "token_offset, not both")
-            tokens = obj["tokens"]
-            if not isinstance(tokens, list):
-                raise LineError("tokens", f"must be a list of token ids, got {type(tokens).__name__}")
-            if len(tokens) > MAX_SEQUENCE_TOKENS:
-                raise LineError("tokens", f"{len(tokens)} tokens; at most {MAX_SEQUENCE_TOKENS}")
-            for i, tok in enumerate(tokens):
-                if type(tok) is not int or not 0 <= tok < 1 << 32:  # noqa: E721 - no bools
-                    raise LineError(f"tokens[{i}]", f"must be an integer in [0, 2**32), got {tok!r}")
-            kw["tokens"] = tuple(tokens)
-        elif synth:
-            if "token_count" not in obj:
-                raise LineError("token_count", f"missing field ({synth[0]} needs it)")
-            for k in TOKEN_SYNTH_KEYS:
-                kw[k] = check_int(obj, k, 0, required=False,
-                                  maximum=2**63 - 1 if k == "token_seed" else MAX_SEQUENCE_TOKENS)
-        elif op in TOKENS_REQUIRED:
-            raise LineError("tokens", f"missing field ({op} needs tokens or token_count)")
-        # resize arguments
+        elif rec.tokens is not None and synth:
+            raise LineError(synth[0], "give either tokens or token_count/token_seed/"
+                            "token_offset, not both")
+        elif synth and rec.token_count is None:
+            raise LineError("token_count", f"required field is missing ({synth[0]} needs it)")
+        elif rec.tokens is None and not synth and op in TOKENS_REQUIRED:
+            raise LineError("tokens", f"required field is missing ({op} needs tokens or "
+                            "token_count)")
         for k in ("capacity", "history_length"):
-            if k in obj and op != "resize":
+            if getattr(rec, k) is not None and op != "resize":
                 raise LineError(k, f"not an argument of {op}")
-        if op == "resize":
-            kw["capacity"] = check_int(obj, "capacity", 0, maximum=MAX_SEQUENCE_TOKENS)
-            kw["history_length"] = check_int(obj, "history_length", 0, required=False,
-                                             maximum=MAX_SEQUENCE_TOKENS)
-        # scope
-        if "scope" in obj:
-            if op not in SCOPE_OPS:
-                raise LineError("scope", f"not an argument of {op}")
-            scope = obj["scope"]
-            if isinstance(scope, bool) or not isinstance(scope, (int, str)):
-                raise LineError("scope", f"must be an integer or a string, got {json.dumps(scope)}")
-            kw["scope"] = scope
-        # recorded outcome
-        if "ok" in obj:
-            if not isinstance(obj["ok"], bool):
-                raise LineError("ok", f"must be true or false, got {json.dumps(obj['ok'])}")
-            kw["ok"] = obj["ok"]
-        if "result" in obj and obj["result"] is not None:
-            if not isinstance(obj["result"], (bool, int)):
-                raise LineError("result", f"must be a bool, an integer or null, got "
-                                f"{json.dumps(obj['result'])}")
-            kw["result"] = obj["result"]
-        if "error" in obj and obj["error"] is not None:
-            if not isinstance(obj["error"], str):
-                raise LineError("error", f"must be a string, got {json.dumps(obj['error'])}")
-            kw["error"] = obj["error"]
-        if "duration_s" in obj:
-            kw["duration_s"] = check_number(obj, "duration_s")
-        previous = self.last_t.get(thread)
-        if previous is not None and t < previous[0]:
-            raise LineError("t", f"goes backwards on thread {thread!r}: {t} after {previous[0]} "
-                            f"(line {previous[1]})")
-        self.last_t[thread] = (t, line)
-        return TraceOp(t=t, thread=thread, op=op, line=line, **kw)
+        if op == "resize" and rec.capacity is None:
+            raise LineError("capacity", "required field is missing")
+        if rec.scope is not None and op not in SCOPE_OPS:
+            raise LineError("scope", f"not an argument of {op}")
+        previous = self.last_t.get(rec.thread)
+        if previous is not None and rec.t < previous[0]:
+            raise LineError("t", f"goes backwards on thread {rec.thread!r}: {rec.t} after "
+                            f"{previous[0]} (line {previous[1]})")
+        self.last_t[rec.thread] = (rec.t, line)
+        fields = {f.name: getattr(rec, f.name) for f in dataclasses.fields(rec)}
+        fields["t"] = obj["t"]  # as written (an int stays an int: load(write(ops)) == ops)
+        if fields["duration_s"] is not None:
+            fields["duration_s"] = obj["duration_s"]
+        return TraceOp(line=line, **fields)
 
 
 def load_op_trace(path: str | Path, skip_bad_lines: bool = False) -> OpTrace:

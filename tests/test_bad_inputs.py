@@ -419,7 +419,8 @@ CASES: list[Case] = [
     optrace("op-time-backwards", OP_OK + '{"t": 0.0001, "thread": "a", "op": "suspend", '
             '"cache": "c"}\n', r"t\.jsonl:3: t: goes backwards on thread 'a'"),
     optrace("op-token-out-of-range", OP_OK + '{"t": 1, "thread": "a", "op": "commit", '
-            '"cache": "c", "tokens": [4294967296]}\n', r"t\.jsonl:3: tokens\.0: must be an integer in \[0, 2\*\*32\)"),
+            '"cache": "c", "tokens": [4294967296]}\n',
+            r"t\.jsonl:3: tokens\.0: must be an integer in \[0, 2\*\*32\)"),
     optrace("op-scope-bool", OP_OK + '{"t": 1, "thread": "a", "op": "probe_reuse", '
             '"tokens": [1], "scope": true}\n', r"t\.jsonl:3: scope: must be an integer or a string"),
     optrace("op-not-utf8", OP_OK.encode() + b'{"t": 1, "thread": "\xff"}\n',

@@ -3,7 +3,7 @@ estimator and fit, so no machine is needed: the runs a calibration's samples kee
 (``gil_handover.raw_runs``), or runs made apart (tools/gil_bench_runs.py, as
 tools/interleaved_runs.sh makes them between validation runs).
 
-    python3 tools/gil_fields_from_samples.py SAMPLES.json PRESET.json [BENCH.jsonl[.gz] ...]
+    python3 tools/gil_fields_from_samples.py SAMPLES.json PRESET.json [BENCH.jsonl[.gz|.xz] ...]
 
 Rewrites PRESET.json's GIL fields (and its host speed factor, from the same runs:
 kvsim.calibration.host_speed) and writes the estimate and the fit, every grid point
@@ -13,12 +13,12 @@ holds presets only). The fit simulates the benchmark: minutes.
 
 from __future__ import annotations
 
-import gzip
 import json
 import sys
 from pathlib import Path
 
 from kvsim.calibration import gil_fit, host_speed
+from kvsim.calibration.packed import read_json, read_lines
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration.cpu_fit import gil_fields, machine_label
 from kvsim.model.cpu_cost import cpu_model_from_dict
@@ -29,19 +29,14 @@ GIL_KEYS = ("gil_hold_ms", "gil_hold_waiter_exponent", "gil_recent_taker_share",
             "gil_takeover_per_s", "gil_takeover_delay_ms")
 
 
-def _text(path: Path) -> str:
-    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
-
-
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     samples_file, preset_file, bench_files = Path(argv[0]), Path(argv[1]), argv[2:]
-    samples = json.loads(samples_file.read_text())
+    samples = read_json(samples_file)
     if bench_files:
-        raw = [json.loads(line) for f in bench_files for line in _text(Path(f)).splitlines()
-               if line.strip()]
+        raw = [run for f in bench_files for run in read_lines(f)]
         source = ", ".join(bench_files)
     else:
         raw = samples["gil_handover"]["raw_runs"]

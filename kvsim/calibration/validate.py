@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.calibration.packed import first_existing, read_json
 from kvsim.errors import KvsimError
 from kvsim.output_dir import MARKER, MARKER_TEXT, OutputDirError, is_kvsim_dir, open_output_dir
 
@@ -70,16 +71,12 @@ def run_bootstrap(per_run: list[list[float]], q: float, seed: int = 0,
 
 
 def read_results(run_dir: Path) -> dict:
-    """A hardware run's ``results.json`` (or ``results.json.gz``, as committed measurements keep
-    the large ones)."""
-    plain, packed = run_dir / "results.json", run_dir / "results.json.gz"
-    if plain.exists():
-        return json.loads(plain.read_text())
-    if packed.exists():
-        import gzip
-
-        return json.loads(gzip.decompress(packed.read_bytes()))
-    raise KvsimError(f"{run_dir}: no results.json (or results.json.gz)")
+    """A hardware run's ``results.json`` (or the gzipped or packed form committed measurements
+    keep: :mod:`kvsim.calibration.packed`)."""
+    path = first_existing(run_dir, "results.json")
+    if path is None:
+        raise KvsimError(f"{run_dir}: no results.json (or results.json.xz / .gz)")
+    return read_json(path)
 
 
 def _pair(measured: float, predicted: float | None) -> dict:

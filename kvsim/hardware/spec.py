@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import BeforeValidator
+from pydantic_core import PydanticCustomError
 
 from kvsim.errors import ConfigError
 from kvsim.validation import Bool, FloatRange, IntRange, OneOf, Str, dotted, schema, validate
@@ -24,8 +25,6 @@ Number = FloatRange(-1e18, 1e18)  # a finite number (every one names its source)
 
 def _curve(points: Any) -> tuple[tuple[float, float], ...]:
     """Ascending ``[page_bytes, gbps]`` pairs, all positive."""
-    from pydantic_core import PydanticCustomError
-
     try:
         pts = tuple((float(a), float(b)) for a, b in points)
     except (TypeError, ValueError):
@@ -42,8 +41,6 @@ Curve = Annotated[tuple[tuple[float, float], ...], BeforeValidator(_curve)]
 def PerDirectionMap(item: Any) -> Any:  # noqa: N802 - a type
     """A mapping with exactly the keys ``offload`` and ``onboard``."""
     def check(value: Any) -> Any:
-        from pydantic_core import PydanticCustomError
-
         if not isinstance(value, dict) or set(value) != set(DIRECTIONS):
             raise PydanticCustomError("kvsim_directions", "needs exactly 'offload' and 'onboard'")
         return value

@@ -98,11 +98,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 
 from kvsim.errors import ConfigError
 from kvsim.manager.config import LayerConfig, LevelConfig, ManagerConfig, StorageLayout
@@ -140,10 +142,6 @@ _SAFE_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"  # one safe path component: it n
 
 
 def _safe_name(value: str) -> str:
-    import re
-
-    from pydantic_core import PydanticCustomError
-
     if not re.fullmatch(_SAFE_NAME, value):
         raise PydanticCustomError(
             "kvsim_name", "must be 1-100 letters, digits, '_', '-' or '.', starting with a "
@@ -155,8 +153,6 @@ SafeName = Annotated[str, Field(strict=True), AfterValidator(_safe_name)]
 
 
 def _api_label(value: str) -> str:
-    from pydantic_core import PydanticCustomError
-
     if value not in LABELS:
         raise PydanticCustomError("kvsim_api", "unknown API {value} (see kvsim/runtime/apis.py)",
                                   {"value": repr(value)})
@@ -167,8 +163,6 @@ ApiLabel = Annotated[str, Field(strict=True), AfterValidator(_api_label)]
 
 
 def _scope(value: Any) -> Any:
-    from pydantic_core import PydanticCustomError
-
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise PydanticCustomError("kvsim_scope", "must be an integer or a string, got {value}",
                                   {"value": repr(value)})

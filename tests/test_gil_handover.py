@@ -294,15 +294,16 @@ def test_a_simulated_run_with_the_measured_hand_over_is_repeatable():
 
 
 def test_validate_pools_as_many_simulated_runs_as_measured_ones(tmp_path, monkeypatch):
-    """The committed H200 probe runs: five measured, so five predictions with their own GIL
-    seeds, pooled."""
+    """Three of call E's committed H200 probe runs (packed): three measured, so three
+    predictions with their own GIL seeds, pooled."""
     from pathlib import Path
 
     from kvsim.calibration.validate import validate
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(root)
-    measured = [root / "reports" / "validation-h200" / "measured" / f"probe{i}" for i in (1, 2, 3)]
+    measured = [root / "reports" / "validation-h200" / "call-e" / "measured" / f"probe{i}"
+                for i in (6, 25, 37)]
     result = validate("scenarios/validation/h200_probe_during_resize.yaml", measured, None, None,
                       None)
     assert result["predicted_runs"] == 3

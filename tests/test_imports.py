@@ -23,3 +23,13 @@ def test_the_hardware_executor_needs_no_simpy():
             "print('simpy' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_both_module_entry_points_run_the_command_line():
+    """``python -m kvsim`` and ``python -m kvsim.cli`` (used by scripts and the GPU tests)
+    both reach the same parser."""
+    for module in ("kvsim", "kvsim.cli"):
+        out = subprocess.run([sys.executable, "-m", module, "run", "--help"],
+                             capture_output=True, text=True)
+        assert out.returncode == 0, (module, out.stderr)
+        assert out.stdout.startswith("usage: kvsim run"), (module, out.stdout[:80])

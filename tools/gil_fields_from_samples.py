@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from kvsim.calibration import gil_fit, host_speed
-from kvsim.calibration.packed import read_json, read_lines
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration.cpu_fit import gil_fields, machine_label
+from kvsim.calibration.packed import read_json, read_lines
 from kvsim.model.cpu_cost import cpu_model_from_dict
 
 GIL_KEYS = ("gil_hold_ms", "gil_hold_waiter_exponent", "gil_recent_taker_share",

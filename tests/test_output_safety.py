@@ -52,6 +52,9 @@ def workspace(tmp_path, monkeypatch):
     home.mkdir()
     (home / "keep.txt").write_text("keep\n")
     monkeypatch.setenv("HOME", str(home))
+    # matplotlib's first import in a process writes its font cache under HOME: keep it out of
+    # the snapshots, which would otherwise see it when this file runs on its own
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path.parent / f"{tmp_path.name}-mpl"))
     monkeypatch.chdir(ws)
     return ws
 

@@ -209,15 +209,16 @@ CASES: list[Case] = [
     scen("stats-commit-bad", sub(BASE, "  tokens_per_block: 4", "  tokens_per_block: 4\n  "
                                  "stats_commit: sometimes"),
          r"s\.yaml:6: manager\.stats_commit: must be one of per_batch, per_page"),
-    scen("reuse-scopes-without-0", sub(BASE, "  tokens_per_block: 4", "  tokens_per_block: 4\n  "
-                                       "reuse_scopes: [1]"),
-         r"s\.yaml:6: manager\.reuse_scopes: the burst_resize workload uses reuse scope 0"),
-    scen("reuse-scopes-bool", sub(BASE, "  tokens_per_block: 4", "  tokens_per_block: 4\n  "
-                                  "reuse_scopes: [true]"),
-         r"s\.yaml:6: manager\.reuse_scopes\.0: must be an integer or a string, got True"),
-    scen("reuse-scopes-repeated", sub(BASE, "  tokens_per_block: 4", "  tokens_per_block: 4\n  "
-                                      "reuse_scopes: [0, 0]"),
-         r"s\.yaml:6: manager\.reuse_scopes: scopes must be unique"),
+    # reuse scopes need no declaration (KVCM2 has none): the old key is an unknown one
+    scen("reuse-scopes-gone", sub(BASE, "  tokens_per_block: 4", "  tokens_per_block: 4\n  "
+                                  "reuse_scopes: [1]"),
+         r"s\.yaml:6: manager\.reuse_scopes: unknown key \(allowed: .*reuse_match_backoff"),
+    scen("backoff-negative", sub(BASE, "  tokens_per_block: 4", "  tokens_per_block: 4\n  "
+                                 "reuse_match_backoff: -1"),
+         r"s\.yaml:6: manager\.reuse_match_backoff: must be in \[0, 67108864\]"),
+    scen("backoff-bool", sub(BASE, "  tokens_per_block: 4", "  tokens_per_block: 4\n  "
+                             "reuse_match_backoff: true"),
+         r"s\.yaml:6: manager\.reuse_match_backoff: must be an integer"),
     # -- scenario files: workloads ---------------------------------------------------------------
     scen("workload-kind-unknown", sub(BASE, "kind: burst_resize", "kind: burst"),
          r"s\.yaml:12: workload\.kind: must be one of"),
@@ -511,8 +512,11 @@ API_CASES = [
     ("create-float-tokens", lambda m: m, lambda m: m.create_kv_cache([1.5, 2.0]),
      "integer token ids"),
     ("create-negative-token", lambda m: m, lambda m: m.create_kv_cache([-1]), r"\[0, 2\*\*32\)"),
-    ("create-unknown-scope", lambda m: m, lambda m: m.create_kv_cache([1], reuse_scope=7),
-     "not declared"),
+    ("create-unhashable-scope", lambda m: m, lambda m: m.create_kv_cache([1], reuse_scope=[7]),
+     "reuse_scope must be hashable"),
+    ("create-expected-length-negative", lambda m: m,
+     lambda m: m.create_kv_cache([1], expected_prompt_length=-1),
+     r"expected_prompt_length must be in \[0, 67108864\]"),
     ("create-callback-not-callable", lambda m: m,
      lambda m: m.create_kv_cache(priority_callback=3), "must be callable"),
     ("resize-huge", _active, lambda c: c.resize(10**12), r"capacity must be in \[0, 67108864\]"),
@@ -537,7 +541,11 @@ API_CASES = [
     ("stats-level-bool", lambda m: m, lambda m: m.get_storage_statistics(True),
      "cache_level must be"),
     ("shutdown-open", _active, lambda c: c._manager.shutdown(), "still open"),
-    ("probe-unknown-scope", lambda m: m, lambda m: m.probe_reuse([1, 2], 9), "not declared"),
+    ("probe-unhashable-scope", lambda m: m, lambda m: m.probe_reuse([1, 2], {}),
+     "reuse_scope must be hashable"),
+    ("prefetch-active", _active, lambda c: c.prefetch(0), "needs a SUSPENDED cache"),
+    ("prefetch-bad-level", lambda m: m.create_kv_cache(cache_id="p"), lambda c: c.prefetch(7),
+     r"cache_level must be an integer in \[0, 2\)"),
 ]
 
 

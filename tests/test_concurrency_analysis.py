@@ -28,7 +28,7 @@ def executor(mgr, **options):
 
 def manager(drains: bool) -> KVCacheManager:
     cfg = ManagerConfig(layers=(LayerConfig(slot_bytes=(64,)),), levels=(LevelConfig("gpu", 4 * 64),),
-                        tokens_per_block=4, probe_drains_root_erasures=drains, reuse_scopes=(0, 1))
+                        tokens_per_block=4, probe_drains_root_erasures=drains)
     mgr = KVCacheManager(cfg)
     a = mgr.create_kv_cache(reuse_scope=1)
     assert a.resume() and a.resize(16)

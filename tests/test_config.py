@@ -59,7 +59,7 @@ def test_stale_range_formula():
     ({"max_util_for_resume": 1.5}, r"max_util_for_resume must be in \(0, 1\]"),
     ({"stats_commit": "sometimes"}, "stats_commit must be"),
     ({"default_priority": 101}, "default_priority must be <= 100"),
-    ({"reuse_scopes": ()}, "reuse_scopes must be a non-empty tuple"),
+    ({"reuse_match_backoff": -1}, "reuse_match_backoff must be >= 0"),
     ({"levels": ()}, "levels must be a non-empty tuple"),
     ({"layers": ()}, "layers must be a non-empty tuple"),
 ])

@@ -111,51 +111,86 @@ def test_capacity_curve_shape():
 def reference_lru_reuse(trace, capacity_tokens: int) -> int:
     """Reused tokens of a plain block LRU (512-token blocks keyed by their hash-id prefix).
 
-    Written apart from the manager: a heap of (last use, -depth) with lazy invalidation; a
-    request's matched prefix cannot be evicted while it allocates; every full block of the prompt
-    is then cached, stamped with the request's turn; a request larger than the cache only reads.
+    Written apart from the manager, from KVCM2's rules: a request's cached prefix is its leading
+    full blocks, then its partial last block if a stored partial block is exactly it; every
+    block of the prompt is then cached, the partial last one too unless a sibling already holds
+    its tokens (a full block with its hash id, or a longer partial one), and a new block
+    replaces the shorter partial siblings it covers. Eviction takes the least recently used
+    block (deeper first), never one of the current request's matched blocks, and with it
+    whatever hangs below it. A request needing more slots than the cache has (its blocks, and
+    one for the private copy of a matched partial block) only reads.
     """
     import heapq
 
-    from kvsim.traces.mooncake import BLOCK_TOKENS
+    from kvsim.traces.mooncake import BLOCK_TOKENS as B
 
-    slots = capacity_tokens // BLOCK_TOKENS
-    child: dict = {}
-    depth: list[int] = []
-    tick_of: dict[int, int] = {}
-    heap: list = []
+    slots = capacity_tokens // B
+    tick_of: dict = {}  # cached block key -> last use
+    depth_of: dict = {}
+    children: dict = {}  # key -> cached keys just below it
+    heap: list = []  # (tick, -depth, serial, key), stale entries skipped
+    serial = 0
     reused = 0
+
+    def remove(key) -> None:
+        for child in list(children.pop(key, ())):
+            remove(child)
+        del tick_of[key]
+        children[key[1]].discard(key)
+
+    def add(key, depth, tick) -> None:
+        nonlocal serial
+        tick_of[key], depth_of[key] = tick, depth
+        children.setdefault(key[1], set()).add(key)
+        serial += 1
+        heapq.heappush(heap, (tick, -depth, serial, key))
+
     for tick, req in enumerate(trace.requests, 1):
-        nodes, parent = [], -1
-        for h in req.hash_ids[: req.input_length // BLOCK_TOKENS]:
-            node = child.setdefault((parent, h), len(depth))
-            if node == len(depth):
-                depth.append(len(nodes))
-            nodes.append(node)
-            parent = node
+        n_full, tail = divmod(req.input_length, B)
+        keys, parent = [], None
+        for h in req.hash_ids[:n_full]:
+            parent = ("full", parent, h)
+            keys.append(parent)
+        h = req.hash_ids[n_full] if n_full < len(req.hash_ids) else ("own", req.index)
+        tail_key = ("part", parent, h, tail) if tail else None
         matched = 0
-        while matched < len(nodes) and nodes[matched] in tick_of:
+        while matched < n_full and keys[matched] in tick_of:
             matched += 1
-        reused += matched * BLOCK_TOKENS
-        need = -(-req.input_length // BLOCK_TOKENS)
-        if need > slots:
+        tail_matched = matched == n_full and tail_key in tick_of
+        reused += matched * B + (tail if tail_matched else 0)
+        if n_full + 2 * bool(tail) > slots:
             continue
-        locked, kept = set(nodes[:matched]), []
-        short = need - matched - (slots - len(tick_of))
+        locked = set(keys[:matched]) | ({tail_key} if tail_matched else set())
+        short = (n_full - matched) + bool(tail) - (slots - len(tick_of))
+        kept = []
         while short > 0:
-            t, d, node = heapq.heappop(heap)
-            if tick_of.get(node) != t:
-                continue  # stale entry
-            if node in locked:
-                kept.append((t, d, node))
+            item = heapq.heappop(heap)
+            t, _, _, victim = item
+            if tick_of.get(victim) != t:
+                continue  # a stale entry
+            if victim in locked:
+                kept.append(item)
                 continue
-            del tick_of[node]
-            short -= 1
+            before = len(tick_of)
+            remove(victim)
+            short -= before - len(tick_of)
         for item in kept:
             heapq.heappush(heap, item)
-        for node in nodes:
-            tick_of[node] = tick
-            heapq.heappush(heap, (tick, -depth[node], node))
+        for d, key in enumerate(keys):
+            if key not in tick_of:
+                for sib in [k for k in children.get(key[1], ()) if k[0] == "part" and k[2] == key[2]]:
+                    remove(sib)
+            add(key, d, tick)
+        if tail_matched:
+            add(tail_key, n_full, tick)
+        elif tail:
+            sibs = children.get(parent, set())
+            covered = ("full", parent, h) in tick_of or any(
+                k[0] == "part" and k[2] == h and k[3] >= tail for k in sibs)
+            if not covered:
+                for sib in [k for k in sibs if k[0] == "part" and k[2] == h and k[3] < tail]:
+                    remove(sib)
+                add(tail_key, n_full, tick)
     return reused
 
 
@@ -261,10 +296,11 @@ def test_timed_workload_steps_of_one_request():
     assert log == [
         "Until(0.0)",
         ("arrival", "probe_reuse"), ("prefill", "create_kv_cache"), ("prefill", "resume"),
-        ("prefill", "resize"), ("prefill", "commit"),
+        ("prefill", "resize"), ("prefill", "commit"), ("prefill", "resize"),
+        ("prefill", "commit_pending_stats"),
         "Sleep(0.003)", ("decode", "resize"), ("decode", "commit"),
         "Sleep(0.001)", ("decode", "resize"), ("decode", "commit"),
-        ("finish", "suspend"), ("finish", "close"),
+        ("finish", "commit_pending_stats"), ("finish", "suspend"), ("finish", "close"),
     ]
     assert stats.completed == 1 and stats.output_tokens == 4 and stats.input_tokens == 1024
     assert mgr.num_open_caches == 0
@@ -366,5 +402,5 @@ def test_timed_workload_without_the_arrival_probe():
                 step.invoke()
                 apis.append(step.api.label)
     assert "KVCacheManager.probe_reuse" not in apis
-    assert "KvCache.resize" in apis and apis.count("KvCache.resize") == 2  # prefill only
+    assert apis.count("KvCache.resize") == 4  # prefill only: the prompt, then the output
     assert stats.completed == 2 and stats.reused_tokens == 512  # r1 reuses block 1

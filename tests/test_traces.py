@@ -225,6 +225,7 @@ ALL_OPS = [
             duration_s=1.5e-05),
     TraceOp(0.75, "a", "commit", cache="c1", tokens=(1, 2, 3, 4294967295)),
     TraceOp(0.75, "a", "stop_committing", cache="c1"),
+    TraceOp(0.75, "a", "commit_pending_stats", cache="c1"),
     TraceOp(1, "a", "suspend", cache="c1"),
     TraceOp(0.25, "b", "probe_reuse", token_count=16, token_seed=3, token_offset=0, scope=0,
             result=16),

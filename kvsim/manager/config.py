@@ -9,7 +9,6 @@ pool group.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -80,13 +79,16 @@ class ManagerConfig:
     layers: tuple[LayerConfig, ...]
     levels: tuple[LevelConfig, ...]
     tokens_per_block: int = 32
+    # KVCM2's defaults (KVCacheManagerConfig in tensorrt_llm/runtime/kv_cache_manager_v2/_config.py):
+    # resume() refuses above 97 % GPU utilisation; a match may end inside a block.
     max_util_for_resume: float = 0.97
-    partial_reuse: bool = False
+    partial_reuse: bool = True
+    # Tokens trimmed off the tail of every prefix match (KVCM2's reuse_match_backoff, default 0).
+    reuse_match_backoff: int = 0
     enable_stats: bool = True
     # "per_batch" commits statistics once per migration batch (the seed's fix); "per_page"
     # reproduces the old behaviour of one commit, and one peak re-sample, per migrated page.
     stats_commit: StatsCommit = "per_batch"
-    reuse_scopes: tuple[Hashable, ...] = (0,)
     default_priority: int = 35
     # The bug the seed fixed: probe_reuse drained the root-erase queue, mutating shared state
     # under a shared lock. True reproduces it (for the concurrency scenarios); never the default.
@@ -111,10 +113,7 @@ class ManagerConfig:
             raise ConfigError(f"max_util_for_resume must be in (0, 1], got {mu!r}")
         if self.stats_commit not in ("per_batch", "per_page"):
             raise ConfigError(f"stats_commit must be 'per_batch' or 'per_page', got {self.stats_commit!r}")
-        if not isinstance(self.reuse_scopes, tuple) or not self.reuse_scopes:
-            raise ConfigError("reuse_scopes must be a non-empty tuple")
-        if len(set(self.reuse_scopes)) != len(self.reuse_scopes):
-            raise ConfigError(f"reuse_scopes must be unique, got {self.reuse_scopes!r}")
+        _require_int("reuse_match_backoff", self.reuse_match_backoff, 0, MAX_SEQUENCE_TOKENS)
         _require_int("default_priority", self.default_priority, 0)
         if self.default_priority > 100:
             raise ConfigError(f"default_priority must be <= 100, got {self.default_priority}")

@@ -2,8 +2,8 @@
 
 Used to prove that read-only calls (``probe_reuse``) change nothing and that failed calls leave
 the manager as it was. Covers the page table, every slot allocator, the radix tree, the pending
-root erasures, the open caches, the statistics and the LRU clock; not ``last_plan``, which is the
-call's output rather than manager state.
+root erasures, the open caches (their pending statistics too), the statistics and the LRU
+clock.
 """
 
 from __future__ import annotations
@@ -32,10 +32,15 @@ def state_of(mgr: KVCacheManager) -> dict:
         "next_node_id": tree._next_node_id,
         "caches": {repr(cid): (c.status.value, c.capacity, c.history_length,
                                c._tokens.tobytes(), c._committed_blocks, c._tail_key,
-                               c._stopped_committing, [t.tobytes() for t in c._pages])
+                               c._stopped_committing, [t.tobytes() for t in c._pages],
+                               [sorted(h.items()) for h in c._held_stale], c._never_resumed,
+                               c._generation_ready,
+                               {k: v.tobytes() for k, v in c._pending.delta.items()},
+                               c._pending.by_level.tobytes(), repr(c._pending.segments))
                    for cid, c in mgr._caches.items()},
         "stats": ({k: v.tobytes() for k, v in mgr.stats.iteration.items()},
                   {k: v.tobytes() for k, v in mgr.stats.cumulative.items()},
+                  mgr.stats.iteration_by_level.tobytes(), mgr.stats.cumulative_by_level.tobytes(),
                   None if mgr.stats.peaks is None else mgr.stats.peaks.tobytes()),
         "tick": mgr._tick,
         "next_cache_id": mgr._next_cache_id,

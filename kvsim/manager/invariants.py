@@ -11,7 +11,8 @@ Rules:
 * refcounts are never negative and equal what the open caches hold; LOCKED pages are on the GPU;
 * every committed page is reachable: its node points back to it and the node hangs from a live root;
 * every live page is owned by a cache or by the tree (nothing leaks);
-* each cache keeps ``committed <= history <= capacity`` and has a page exactly for its live blocks.
+* each cache keeps ``committed <= history <= capacity`` and has a page exactly for its live blocks;
+  the pages it holds aside are uncommitted, of out-of-window blocks it has not committed yet.
 """
 
 from __future__ import annotations
@@ -91,6 +92,20 @@ def _check_ownership(mgr: KVCacheManager, out: list[str]) -> None:
             np.add.at(holders, ids, 1)
             if cache.status is CacheStatus.ACTIVE:
                 np.add.at(lockers, ids, 1)
+            aside = cache._held_stale[lc.index]
+            if aside:
+                ords = np.fromiter(aside, dtype=np.int64)
+                pages = np.fromiter(aside.values(), dtype=np.int32)
+                if not ((begin <= ords) & (ords < end)).all() or \
+                        (ords < cache._committed_blocks).any() or cache._stopped_committing:
+                    out.append(f"{name} life cycle {lc.index}: pages held aside for blocks "
+                               f"{ords.tolist()} that are not uncommitted out-of-window blocks "
+                               f"(stale range [{begin}, {end}))")
+                if (p.level[pages] < 0).any() or (p.node[pages] >= 0).any() or \
+                        (p.life_cycle[pages] != lc.index).any() or (p.depth[pages] != ords).any():
+                    out.append(f"{name} life cycle {lc.index}: pages held aside are freed, "
+                               "committed, or of another life cycle or block")
+                np.add.at(holders, pages, 1)
     if (p.holders < 0).any() or (p.lockers < 0).any() or (p.planned_drops < 0).any():
         out.append("negative refcount")
     if (holders != p.holders).any():

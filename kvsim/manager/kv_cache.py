@@ -2,7 +2,20 @@
 
 SUSPENDED --resume()--> ACTIVE --suspend()--> SUSPENDED; close() from any state -> CLOSED
 (idempotent). Only an ACTIVE cache resizes and commits; its pages are LOCKED on the GPU level.
-Every method validates first and mutates after, so a call that raises changes nothing.
+``stop_committing()`` works in any state but CLOSED. Every method validates first and mutates
+after, so a call that raises changes nothing. The semantics are KVCM2's
+(``tensorrt_llm/runtime/kv_cache_manager_v2/_core/_kv_cache.py``):
+
+* ``create_kv_cache`` holds the matched pages and allocates nothing. A partially reused last
+  block is copied into a private GPU page at the first ``resume()``, which may evict for it.
+* ``resume()`` refuses (returns False, changing nothing) while any GPU pool group is used above
+  ``max_util_for_resume`` (used = neither free nor evictable), before anything else.
+* A sliding-window block that falls out of the window is unlocked: committed, it stays in the
+  tree; not yet committed, the cache keeps holding its page while it may still commit, so that a
+  later commit puts it in the tree (released by ``stop_committing``).
+* ``close()`` drops the pending statistics, stops committing (which commits the partial tail
+  block) and releases every page.
+* Statistics of reuse and allocation stay pending in the cache (:mod:`kvsim.manager.stats`).
 
 A cache owns its own fields (tokens, capacity, history, page table, tail of its committed
 blocks) and carries out its operations itself; what caches share (the page table and slots,
@@ -11,7 +24,7 @@ the radix tree, the statistics, the LRU clock) belongs to the manager, which it 
 
 Invariant: ``num_committed_tokens <= history_length <= capacity``; the cache has
 ``ceil(capacity / tokens_per_block)`` blocks, each with one page per life cycle except the stale
-blocks of sliding-window life cycles.
+blocks of sliding-window life cycles (whose uncommitted pages may be held aside).
 """
 
 from __future__ import annotations
@@ -26,6 +39,7 @@ import numpy as np
 
 from kvsim.errors import InvalidArgumentError, InvalidStateError, OutOfPagesError
 from kvsim.manager.calls import public_call
+from kvsim.manager.config import LifeCycle
 from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.manager.pages import NO_PAGE
 from kvsim.manager.plan import Plan
@@ -36,7 +50,8 @@ if TYPE_CHECKING:
     from kvsim.manager.manager import KVCacheManager
     from kvsim.manager.matching import Match
 
-PriorityCallback = Callable[[int, int], int]
+# callback(block ordinal, life cycle) -> priority in [0, 100], as KVCM2's custom_priority_callback
+PriorityCallback = Callable[[int, LifeCycle], int]
 
 
 class CacheStatus(Enum):
@@ -70,11 +85,19 @@ def require_size(name: str, value: object) -> int:
     return int(value)
 
 
+def _pages_of(tables) -> np.ndarray:
+    if not tables:
+        return np.zeros(0, dtype=np.int32)
+    allp = np.concatenate(tables)
+    return allp[allp >= 0]
+
+
 class KvCache:
     """A handle on one request's cache; create it with ``KVCacheManager.create_kv_cache``."""
 
     def __init__(self, manager: KVCacheManager, cache_id: Hashable, scope: Hashable,
-                 priority_callback: PriorityCallback | None) -> None:
+                 priority_callback: PriorityCallback | None,
+                 expected_prompt_length: int | None) -> None:
         self._manager = manager
         self.cache_id = cache_id
         self.scope = scope
@@ -83,12 +106,20 @@ class KvCache:
         self._tokens = np.zeros(0, dtype=np.uint32)  # committed tokens
         self._capacity = 0
         self._history = 0
-        self._committed_blocks = 0  # full blocks committed into the radix tree
+        self._committed_blocks = 0  # blocks committed into the radix tree
         self._tail_key = b""  # key of the last committed full block
         self._tail_node: Node | None = None
         self._stopped_committing = False
         n_lc = manager.layout.num_life_cycles
         self._pages = [np.zeros(0, dtype=np.int32) for _ in range(n_lc)]
+        # Out-of-window blocks not committed yet, per life cycle: ordinal -> page held for a
+        # later commit (KVCM2's hold_for_commit).
+        self._held_stale: list[dict[int, int]] = [{} for _ in range(n_lc)]
+        self._never_resumed = True  # a partially reused block still holds the tree's page
+        self._pending = manager.stats.pending()
+        self._expected_prompt_length = expected_prompt_length
+        self._generation_ready = False  # history has reached the prompt: allocations are not misses
+        self._reuse_tier_segments: list[tuple[int | None, int]] | None = None
 
     # -- accessors (no lock) ----------------------------------------------------------------------
     @property
@@ -111,7 +142,8 @@ class KvCache:
 
     @history_length.setter
     def history_length(self, value: int) -> None:
-        if not self.resize(max(self._capacity, require_size("history_length", value)), value):
+        """``resize(capacity, value)``: the history may not pass the capacity."""
+        if not self.resize(self._capacity, value):
             raise OutOfPagesError(f"cache {self.cache_id!r}: out of pages for history {value}")
 
     @property
@@ -122,65 +154,88 @@ class KvCache:
     def num_blocks(self) -> int:
         return math.ceil(self._capacity / self._manager.layout.tokens_per_block)
 
+    @property
+    def reuse_tier_segments(self) -> list[tuple[int | None, int]] | None:
+        """Where the reused tokens were found when the cache was created: runs of
+        ``(level, tokens)`` in prompt order, the level of a block being the coldest level any
+        life cycle loaded it from, or None for blocks no life cycle loads (stale for every
+        sliding window). None for a cache created without input tokens (KVCM2's
+        ``reuse_tier_segments``)."""
+        return None if self._reuse_tier_segments is None else list(self._reuse_tier_segments)
+
+    @property
+    def pending_stats(self) -> dict:
+        """What :meth:`commit_pending_stats` would publish now (read-only), with the reused
+        blocks per level summed over life cycles."""
+        return self._pending.request() | {
+            "reused_blocks_by_level": [int(v) for v in self._pending.by_level.sum(axis=0)]}
+
     def page_ids(self, life_cycle: int) -> np.ndarray:
         """A copy of this cache's page ids for one life cycle (-1 where a block has no page)."""
         return self._pages[life_cycle].copy()
 
     def held_pages(self) -> np.ndarray:
-        if not self._pages:
-            return np.zeros(0, dtype=np.int32)
-        allp = np.concatenate(self._pages)
-        return allp[allp >= 0]
+        """Every page the cache holds: its blocks' and the out-of-window ones held for commit."""
+        return _pages_of([*self._pages, *(np.fromiter(h.values(), dtype=np.int32)
+                                          for h in self._held_stale)])
+
+    def active_pages(self) -> np.ndarray:
+        """The pages of the blocks the cache uses (locked while it is ACTIVE)."""
+        return _pages_of(self._pages)
 
     # -- API ----------------------------------------------------------------------------------------
     @public_call("KvCache.resume")
     def resume(self, plan: Plan) -> bool:
-        """Lock every page on the GPU, onboarding from colder levels.
+        """Lock the cache's pages on the GPU, onboarding from colder levels; the first resume
+        also copies a partially reused block into a private page.
 
-        Returns False (and stays SUSPENDED) when GPU utilisation of a pool group would exceed
-        ``max_util_for_resume`` or room cannot be made.
+        Returns False (and stays SUSPENDED, nothing changed) when some GPU pool group is used
+        above ``max_util_for_resume`` or room cannot be made.
         """
         self._require(CacheStatus.SUSPENDED, "resume")
         m = self._manager
+        if m.gpu_utilization() > m.config.max_util_for_resume:
+            plan.ok = False
+            return False
         storage = m.storage
         p = storage.pages
-        ours = self.held_pages()
-        groups = p.pool_group[ours]
-        newly_locked = p.lockers[ours] == 0
-        for pg in m.layout.pool_groups:
-            g = pg.index
-            total = storage.num_slots(0, g)
-            used = storage.allocators[0][g].used_pages()
-            locked = int((p.lockers[used] > 0).sum())
-            need = int((newly_locked & (groups == g)).sum())
-            if need and locked + need > m.config.max_util_for_resume * total:
-                plan.ok = False
-                return False
+        tpb = m.layout.tokens_per_block
+        partial = self._never_resumed and self._tokens.size % tpb != 0
+        ordinal = self._tokens.size // tpb
+        # The priority callback may raise: ask it about the private copy's pages first.
+        priorities = None
+        if partial:
+            blocks = np.array([ordinal])
+            priorities = {lc.index: m._priorities(self.priority_callback, blocks, lc, plan)
+                          for lc in m.layout.life_cycles}
+        ours = self.active_pages()
         p.lockers[ours] += 1  # locked pages are never eviction candidates
         onboard = ours[p.level[ours] > 0]
         steps: list[EvictionStep] = []
         try:
             for pg in m.layout.pool_groups:
                 n = int((p.pool_group[onboard] == pg.index).sum())
+                if partial:
+                    n += len(pg.life_cycles)
                 steps += storage.plan_room(0, pg.index, n, plan)
         except OutOfPagesError:
             p.lockers[ours] -= 1
             storage.changed(ours)
             plan.ok = False
             return False
-        storage.apply_eviction(steps, plan)
+        storage.apply_eviction(steps, plan, record=True)
         levels = p.level[onboard]
         for level in np.unique(levels).tolist():
             for g in np.unique(p.pool_group[onboard[levels == level]]).tolist():
                 sel = onboard[(levels == level) & (p.pool_group[onboard] == g)]
-                storage.move(sel, level, 0, g, plan)
-        if onboard.size:
-            n_lc = m.layout.num_life_cycles
-            onboarded = np.bincount(p.life_cycle[onboard], minlength=n_lc).astype(np.int64)
-            m.stats.record(plan.counts, alloc_total_blocks=onboarded)
+                storage.move(sel, level, 0, g, plan, record=True)
+        if partial:
+            self._copy_partial(ordinal, priorities, plan)
+        ours = self.active_pages()
         p.last_used[ours] = m._now
         storage.changed(ours)
         plan.counts.pages_touched += ours.size
+        self._never_resumed = False
         self._status = CacheStatus.ACTIVE
         return True
 
@@ -189,20 +244,61 @@ class KvCache:
         self._require(CacheStatus.ACTIVE, "suspend")
         m = self._manager
         p = m.storage.pages
-        ours = self.held_pages()
+        ours = self.active_pages()
         p.lockers[ours] -= 1
         p.last_used[ours] = m._now
         m.storage.changed(ours)
         plan.counts.pages_touched += ours.size
         self._status = CacheStatus.SUSPENDED
 
+    @public_call("KvCache.prefetch")
+    def prefetch(self, plan: Plan, cache_level: int) -> bool:
+        """Bring the pages of a SUSPENDED cache that sit colder than ``cache_level`` up to it
+        (pages at warmer levels stay). A hint: False when room cannot be made there, changing
+        nothing; the moves are not counted in the statistics (KVCM2's ``prefetch``)."""
+        self._require(CacheStatus.SUSPENDED, "prefetch")
+        m = self._manager
+        target = m._require_level(cache_level)
+        storage = m.storage
+        p = storage.pages
+        ours = self.active_pages()
+        # Held for the call's duration: none of our pages may be chosen to make room.
+        p.lockers[ours] += 1
+        colder = ours[p.level[ours] > target]
+        steps: list[EvictionStep] = []
+        try:
+            for pg in m.layout.pool_groups:
+                n = int((p.pool_group[colder] == pg.index).sum())
+                steps += storage.plan_room(target, pg.index, n, plan)
+        except OutOfPagesError:
+            p.lockers[ours] -= 1
+            storage.changed(ours)
+            plan.ok = False
+            return False
+        storage.apply_eviction(steps, plan, record=False)
+        levels = p.level[colder]
+        for level in np.unique(levels).tolist():
+            for g in np.unique(p.pool_group[colder[levels == level]]).tolist():
+                sel = colder[(levels == level) & (p.pool_group[colder] == g)]
+                storage.move(sel, level, target, g, plan, record=False)
+        p.lockers[ours] -= 1
+        p.last_used[ours] = m._now
+        storage.changed(ours)
+        plan.counts.pages_touched += ours.size
+        return True
+
     @public_call("KvCache.close", skip_if=lambda c: c._status is CacheStatus.CLOSED
                  or c._manager._is_shut_down)
     def close(self, plan: Plan) -> None:
-        """Release every page; closing a closed cache does nothing (not even a call)."""
+        """Drop the pending statistics, stop committing (committing the partial tail block) and
+        release every page; closing a closed cache does nothing (not even a call)."""
         m = self._manager
-        m._release(self.held_pages(), self._status is CacheStatus.ACTIVE, plan)
+        self._pending.clear()
+        self._stop_committing(plan)
+        m._release(self.active_pages(), self._status is CacheStatus.ACTIVE, plan)
+        m._release(self.held_pages_aside(), False, plan)
         self._pages = [np.zeros(0, dtype=np.int32) for _ in self._pages]
+        self._held_stale = [{} for _ in self._held_stale]
         self._status = CacheStatus.CLOSED
         m._caches.pop(self.cache_id, None)
 
@@ -226,11 +322,14 @@ class KvCache:
 
     @public_call("KvCache.commit")
     def commit(self, plan: Plan, tokens: object) -> None:
-        """Append committed tokens; every block that becomes full enters the radix tree."""
+        """Append committed tokens; every block that becomes full enters the radix tree. An
+        empty commit does nothing, in any state."""
+        toks = as_tokens(tokens)
+        if toks.size == 0:
+            return
         self._require(CacheStatus.ACTIVE, "commit")
         if self._stopped_committing:
             raise InvalidStateError(f"cache {self.cache_id!r}: commit after stop_committing()")
-        toks = as_tokens(tokens)
         total = self._tokens.size + toks.size
         if total > self._capacity:
             raise InvalidArgumentError(
@@ -240,31 +339,36 @@ class KvCache:
 
     @public_call("KvCache.stop_committing")
     def stop_committing(self, plan: Plan) -> None:
-        """Commit the partial tail block (if any); no commit may follow."""
-        self._require(CacheStatus.ACTIVE, "stop_committing")
-        if self._stopped_committing:
-            return
-        m = self._manager
-        tpb = m.layout.tokens_per_block
-        b = self._committed_blocks
-        tail = self._tokens[b * tpb:]
-        if tail.size:
-            root = m.tree.root_for(self.scope)
-            self._reattach(root, plan)
-            self._commit_block(root, b, block_key(self._tail_key, tail), tail, plan)
-        self._stopped_committing = True
+        """Commit the partial tail block (if any); no commit may follow. Any state but CLOSED."""
+        if self._status is CacheStatus.CLOSED:
+            raise InvalidStateError(f"cache {self.cache_id!r}: stop_committing() on a CLOSED cache")
+        self._stop_committing(plan)
+
+    @public_call("KvCache.commit_pending_stats")
+    def commit_pending_stats(self, plan: Plan) -> dict[str, int]:
+        """Publish this cache's pending statistics to the manager; returns the per-request delta
+        (allocated, new, reused and missed blocks, summed over life cycles)."""
+        return self._manager.stats.commit_pending(self._pending, plan.counts)
+
+    @public_call("KvCache.discard_pending_stats")
+    def discard_pending_stats(self, plan: Plan) -> None:
+        self._pending.clear()
 
     @public_call("KvCache.plan_committed_block_drop")
     def plan_committed_block_drop(self, plan: Plan) -> PlannedDrop | None:
         """Plan to drop the committed pages of sliding-window life cycles' current windows.
 
-        Needs ``stop_committing()`` first. Returns None when nothing is committed or the tree no
-        longer holds this cache's pages.
+        Needs ``stop_committing()`` first. Returns None when nothing is committed, the tree no
+        longer holds this cache's pages, or a match would not reach the committed tokens (any
+        ``reuse_match_backoff``).
         """
         if not self._stopped_committing:
             raise InvalidStateError(
                 f"cache {self.cache_id!r}: plan_committed_block_drop() needs stop_committing() first")
         return self._plan_drop(plan)
+
+    def held_pages_aside(self) -> np.ndarray:
+        return _pages_of([np.fromiter(h.values(), dtype=np.int32) for h in self._held_stale])
 
     def _require(self, status: CacheStatus, api: str) -> None:
         if self._status is not status:
@@ -285,73 +389,105 @@ class KvCache:
                 f"history={self._history}, committed={self._tokens.size})")
 
     # -- creation: taking over what a match found ---------------------------------------------------
-    def _adopt(self, match: Match, toks: np.ndarray, plan: Plan, partial: Node | None,
-               n_partial: int, partial_priorities: dict[int, np.ndarray] | None) -> None:
-        """Start as a new cache holding ``match``'s pages (and a private copy of the partial
-        block's), with committed tokens, history and capacity all equal to the match."""
+    def _adopt(self, match: Match, toks: np.ndarray | None, plan: Plan) -> None:
+        """Start as a new cache holding ``match``'s pages (a partially reused block too, until
+        the first resume copies it), with committed tokens, history and capacity all equal to
+        the match; the reuse is recorded as pending."""
         m = self._manager
         tpb = m.layout.tokens_per_block
         p = m.storage.pages
-        nodes = match.nodes
-        k = len(nodes)
-        history = k * tpb + n_partial
-        num_blocks = k + (1 if partial is not None else 0)
-        plan.counts.tree_nodes_visited += num_blocks
+        blocks = match.blocks
+        history = match.num_tokens
+        plan.counts.tree_nodes_visited += match.tree_nodes_visited
         plan.counts.blocks_hashed += match.blocks_hashed
-        input_blocks = math.ceil(toks.size / tpb)
         n_lc = m.layout.num_life_cycles
-        reused = np.zeros(n_lc, dtype=np.int64)
-        alloc_new = np.zeros(n_lc, dtype=np.int64)
+        full = np.zeros(n_lc, dtype=np.int64)
+        partial = np.zeros(n_lc, dtype=np.int64)
+        by_level = np.zeros((n_lc, m.layout.num_levels), dtype=np.int64)
+        block_level = np.full(len(blocks), -1, dtype=np.int64)  # coldest level loading it
         for lc in m.layout.life_cycles:
-            arr = np.full(num_blocks, NO_PAGE, dtype=np.int32)
+            arr = np.full(len(blocks), NO_PAGE, dtype=np.int32)
             begin, end = lc.stale_range(history, tpb)
-            for b in list(range(0, min(begin, k))) + list(range(end, k)):
-                arr[b] = nodes[b].pages[lc.index]
+            for b in [*range(begin), *range(end, len(blocks))]:
+                page = blocks[b].pages[lc.index]
+                arr[b] = page
+                level = int(p.level[page])
+                by_level[lc.index, level] += 1
+                block_level[b] = max(block_level[b], level)
+                if b < len(match.nodes):
+                    full[lc.index] += 1
+                else:
+                    partial[lc.index] += 1
             self._pages[lc.index] = arr
-            reused[lc.index] = int((arr >= 0).sum())
-        held = self.held_pages()
+        held = self.active_pages()
         p.holders[held] += 1
         p.last_used[held] = m._now
         m.storage.changed(held)
         plan.counts.pages_touched += held.size
-        if partial is not None:
-            self._copy_partial(partial, k, partial_priorities, plan)
-            alloc_new += 1
-        missed = np.full(n_lc, max(0, input_blocks - num_blocks), dtype=np.int64)
-        m.stats.record(plan.counts, reused_blocks=reused, missed_blocks=missed,
-                       alloc_total_blocks=reused + alloc_new, alloc_new_blocks=alloc_new,
-                       partial_reused_blocks=alloc_new)
-        self._tokens = toks[:history].copy()
+        if m.stats.enabled and blocks:
+            self._pending.record_reuse(full, partial, by_level)
+        if toks is not None:
+            segments: list[tuple[int | None, int]] = []
+            for b, level in enumerate(block_level.tolist()):
+                tier = None if level < 0 else level
+                n = min(tpb, history - b * tpb)
+                if segments and segments[-1][0] == tier:
+                    segments[-1] = (tier, segments[-1][1] + n)
+                else:
+                    segments.append((tier, n))
+            self._reuse_tier_segments = segments
+        self._tokens = (toks[:history] if toks is not None else self._tokens).copy()
         self._capacity = self._history = history
-        self._committed_blocks = k
-        if k:
-            self._tail_key, self._tail_node = nodes[-1].key, nodes[-1]
+        self._committed_blocks = len(match.nodes)
+        if match.nodes:
+            self._tail_key, self._tail_node = match.nodes[-1].key, match.nodes[-1]
+        self._refresh_generation_ready()
 
-    def _copy_partial(self, source: Node, ordinal: int, priorities: dict[int, np.ndarray],
-                      plan: Plan) -> None:
-        """Private GPU copies of ``source``'s pages for this cache's last, partial block."""
+    def _copy_partial(self, ordinal: int, priorities: dict[int, np.ndarray], plan: Plan) -> None:
+        """Private GPU copies of the partially reused last block's pages (now on the GPU and
+        locked), which then replace the tree's pages in this cache."""
         m = self._manager
         storage = m.storage
         p = storage.pages
+        record = m.stats.enabled
+        sources = []
         for pg in m.layout.pool_groups:
             lcs = np.array(pg.life_cycles, dtype=np.int16)
-            prios = priorities[pg.index]
+            prios = np.concatenate([priorities[int(lc)] for lc in lcs])
             new = storage.allocate(0, pg.index, lcs, np.full(lcs.size, ordinal), prios, m._now,
                                    plan)
-            p.holders[new] = 1  # allocate() reported them
-            src = np.array([source.pages[int(lc)] for lc in lcs], dtype=np.int32)
-            for level in np.unique(p.level[src]).tolist():
-                sel = p.level[src] == level
-                storage.copy_pages(src[sel], new[sel], pg.index, plan)
-            for lc, page in zip(lcs.tolist(), new.tolist()):
+            p.holders[new] = 1
+            p.lockers[new] = 1
+            src = np.array([self._pages[int(lc)][ordinal] for lc in lcs], dtype=np.int32)
+            storage.copy_pages(src, new, pg.index, plan)
+            for lc, source, page in zip(lcs.tolist(), src.tolist(), new.tolist()):
+                if record:
+                    # An allocation, a miss only when the source left the tree meanwhile.
+                    self._pending.record_allocation(lc, ordinal, ordinal + 1,
+                                                    missed=bool(p.node[source] < 0))
                 self._pages[lc][ordinal] = page
+            sources.append(src)
+        m._release(np.concatenate(sources), True, plan)
+
+    def _refresh_generation_ready(self) -> None:
+        expected = self._expected_prompt_length
+        if expected is not None and self._history >= expected:
+            self._generation_ready = True
 
     # -- resize --------------------------------------------------------------------------------------
+    def _stale_disposal(self, lc: LifeCycle, ordinals: np.ndarray) -> np.ndarray:
+        """Of blocks just fallen out of ``lc``'s window, which the cache keeps holding (not
+        committed yet, and it may still commit them)."""
+        if self._stopped_committing:
+            return np.zeros(ordinals.size, dtype=bool)
+        return ordinals >= self._committed_blocks
+
     def _resize(self, capacity: int, history: int, plan: Plan) -> bool:
         m = self._manager
         storage = m.storage
         tpb = m.layout.tokens_per_block
         p = storage.pages
+        generation = self._generation_ready and capacity > self._capacity
         new_blocks = math.ceil(capacity / tpb)
         old_blocks = self._pages[0].size if self._pages else 0
         span = max(new_blocks, old_blocks)
@@ -359,6 +495,7 @@ class KvCache:
         tables: list[np.ndarray] = []
         new_ordinals: list[np.ndarray] = []
         released: list[np.ndarray] = []
+        kept: list[tuple[np.ndarray, np.ndarray]] = []  # (ordinals, pages) held aside
         for lc in m.layout.life_cycles:
             have = np.full(span, NO_PAGE, dtype=np.int32)
             have[:old_blocks] = self._pages[lc.index]
@@ -367,17 +504,24 @@ class KvCache:
             need[begin:end] = False
             tables.append(have)
             new_ordinals.append(np.flatnonzero(need & (have < 0)))
-            released.append(have[~need & (have >= 0)])
-        priorities = [m._priorities(self.priority_callback, new_ordinals[lc.index], lc.index, plan)
+            dropping = np.flatnonzero(~need & (have >= 0))
+            stale = dropping[dropping < new_blocks]
+            keep = self._stale_disposal(lc, stale)
+            kept.append((stale[keep], have[stale[keep]]))
+            released.append(have[np.concatenate([stale[~keep], dropping[dropping >= new_blocks]])])
+        priorities = [m._priorities(self.priority_callback, new_ordinals[lc.index], lc, plan)
                       for lc in m.layout.life_cycles]
         gone = np.concatenate(released)
-        # Tentatively release, so released committed pages count as evictable and released
-        # uncommitted ones as free; undone exactly if room cannot be made.
-        old_last_used = p.last_used[gone].copy()
+        aside = np.concatenate([pages for _, pages in kept])
+        # Tentatively release (and unlock what is held aside), so released committed pages count
+        # as evictable and released uncommitted ones as free; undone exactly if room cannot be
+        # made.
+        touched = np.concatenate([gone, aside])
+        old_last_used = p.last_used[touched].copy()
         np.subtract.at(p.holders, gone, 1)
-        np.subtract.at(p.lockers, gone, 1)
-        p.last_used[gone] = m._now
-        storage.changed(gone)
+        np.subtract.at(p.lockers, touched, 1)
+        p.last_used[touched] = m._now
+        storage.changed(touched)
         orphans = gone[(p.holders[gone] == 0) & (p.node[gone] < 0)]
         steps: list[EvictionStep] = []
         try:
@@ -387,15 +531,17 @@ class KvCache:
                 steps += storage.plan_room(0, pg.index, wanted, plan, extra_free=freed)
         except OutOfPagesError:
             np.add.at(p.holders, gone, 1)
-            np.add.at(p.lockers, gone, 1)
-            p.last_used[gone] = old_last_used
-            storage.changed(gone)
+            np.add.at(p.lockers, touched, 1)
+            p.last_used[touched] = old_last_used
+            storage.changed(touched)
             plan.ok = False
             return False
-        plan.counts.pages_touched += gone.size
+        plan.counts.pages_touched += touched.size
         storage.free(orphans, plan)
-        storage.apply_eviction(steps, plan)
-        allocated = np.zeros(m.layout.num_life_cycles, dtype=np.int64)
+        storage.apply_eviction(steps, plan, record=True)
+        record = m.stats.enabled
+        if record and new_blocks < old_blocks:
+            self._pending.subtract_allocation(new_blocks, old_blocks)
         for lc in m.layout.life_cycles:
             table = tables[lc.index]
             begin, end = lc.stale_range(history, tpb)
@@ -409,26 +555,40 @@ class KvCache:
                 p.holders[ids] = 1
                 p.lockers[ids] = 1
                 table[ords] = ids
-                allocated[lc.index] = ords.size
             self._pages[lc.index] = table
-        if allocated.any():
-            m.stats.record(plan.counts, alloc_total_blocks=allocated, alloc_new_blocks=allocated)
+            held_ords, held_pages = kept[lc.index]
+            self._held_stale[lc.index].update(zip(held_ords.tolist(), held_pages.tolist()))
+            if record and new_blocks > old_blocks:
+                for b, e in ((old_blocks, min(new_blocks, begin)),
+                             (max(old_blocks, end), new_blocks)):
+                    self._pending.record_allocation(lc.index, b, e, missed=not generation,
+                                                    generation=generation)
         self._capacity = capacity
         self._history = history
+        self._refresh_generation_ready()
         return True
 
     def _advance_history(self, history: int, plan: Plan) -> None:
-        """Raise history (never fails): sliding-window blocks falling out of the window go."""
+        """Raise history (never fails): sliding-window blocks falling out of the window are
+        unlocked; committed ones released, the others held aside while commits may follow."""
         m = self._manager
         tpb = m.layout.tokens_per_block
+        p = m.storage.pages
         for lc in m.layout.life_cycles:
             if lc.is_sliding:
                 begin, end = lc.stale_range(history, tpb)
                 table = self._pages[lc.index]
-                stale = table[begin:end]
-                m._release(stale[stale >= 0], True, plan)
+                ords = begin + np.flatnonzero(table[begin:end] >= 0)
+                keep = self._stale_disposal(lc, ords)
+                m._release(table[ords[~keep]], True, plan)
+                aside = table[ords[keep]]
+                p.lockers[aside] -= 1
+                p.last_used[aside] = m._now
+                m.storage.changed(aside)
+                self._held_stale[lc.index].update(zip(ords[keep].tolist(), aside.tolist()))
                 table[begin:end] = NO_PAGE
         self._history = history
+        self._refresh_generation_ready()
 
     # -- commit --------------------------------------------------------------------------------------
     def _reattach(self, root: Root, plan: Plan) -> None:
@@ -446,6 +606,11 @@ class KvCache:
             key = block_key(key, block)
             self._tail_node = self._commit_block(root, b, key, block, plan)
         self._tail_key = key
+
+    def _page_of(self, lc: int, ordinal: int) -> int:
+        table = self._pages[lc]
+        page = int(table[ordinal]) if ordinal < table.size else NO_PAGE
+        return page if page != NO_PAGE else self._held_stale[lc].get(ordinal, NO_PAGE)
 
     def _commit(self, toks: np.ndarray, plan: Plan) -> None:
         m = self._manager
@@ -466,14 +631,23 @@ class KvCache:
             fresh_nodes: list[int] = []
             # Each block's page per life cycle, in one conversion.
             page_table = np.stack([t[first:full_blocks] for t in self._pages], axis=1)
+            held_aside = any(self._held_stale)
+            for lc, held in enumerate(self._held_stale):
+                for b, page in held.items():
+                    if first <= b < full_blocks:
+                        page_table[b - first, lc] = page
             page_rows = page_table.tolist()
             add_node = m.tree.add_node
+            by_first = root.by_first
             for i, b in enumerate(range(first, full_blocks)):
                 key = hashlib.sha256(key + raw[i * width:(i + 1) * width]).digest()
-                if key in nodes_by_key or m.event_sink is not None:
+                if key in nodes_by_key or m.event_sink is not None or \
+                        (b"" if tail is None else tail.key, int(blocks[i, 0])) in by_first:
+                    self._tail_node = tail
                     tail = self._commit_block(root, b, key, blocks[i], plan)
                     continue
-                # The common case, a block nobody committed before: a new node owning our pages.
+                # The common case, a block nobody committed before and no sibling starting like
+                # it: a new node owning our pages.
                 tail = add_node(root, tail, key, blocks[i], page_rows[i], copy_tokens=False)
                 fresh_rows.append(i)
                 fresh_nodes.append(tail.node_id)
@@ -482,63 +656,116 @@ class KvCache:
                 pages = page_table[fresh_rows]
                 nodes = np.broadcast_to(np.array(fresh_nodes, dtype=np.int32)[:, None], pages.shape)
                 has = pages != NO_PAGE
-                # Not reported to the eviction index: these pages are the ACTIVE cache's, locked.
+                # Not reported to the eviction index: these pages are the ACTIVE cache's, locked
+                # (pages held aside are reported below, when they are released).
                 m.storage.pages.node[pages[has]] = nodes[has]
             c = plan.counts  # _commit_block counted its own blocks
             c.blocks_hashed += fast
             c.tree_nodes_visited += fast
             c.tree_nodes_created += fast
             self._tail_key, self._tail_node = key, tail
-        self._committed_blocks = full_blocks
-        ours = self.held_pages()
+            self._committed_blocks = full_blocks
+            if held_aside:
+                self._release_committed_aside(plan)
+        ours = self.active_pages()
         # Not reported to the eviction index: an ACTIVE cache's pages are locked, hence not
         # candidates, and whatever unlocks them (suspend, close, release) reports them then.
         m.storage.pages.last_used[ours] = m._now
         if self._tokens.size > self._history:
             self._advance_history(int(self._tokens.size), plan)
 
+    def _release_committed_aside(self, plan: Plan) -> None:
+        """Out-of-window pages held for a commit that has now happened: the tree has them."""
+        for held in self._held_stale:
+            done = [b for b in held if b < self._committed_blocks]
+            if done:
+                self._manager._release(np.array([held.pop(b) for b in done], dtype=np.int32),
+                                       False, plan)
+
+    def _stop_committing(self, plan: Plan) -> None:
+        if self._stopped_committing:
+            return
+        m = self._manager
+        tpb = m.layout.tokens_per_block
+        b = self._committed_blocks
+        tail = self._tokens[b * tpb:]
+        if tail.size and b == self._tokens.size // tpb:
+            root = m.tree.root_for(self.scope)
+            self._reattach(root, plan)
+            self._commit_block(root, b, block_key(self._tail_key, tail), tail, plan)
+        self._stopped_committing = True
+        # Out-of-window pages held for a commit that will not come now.
+        m._release(self.held_pages_aside(), False, plan)
+        self._held_stale = [{} for _ in self._held_stale]
+
     def _commit_block(self, root: Root, ordinal: int, key: bytes, tokens: np.ndarray,
-                      plan: Plan) -> Node:
-        """Put one block of this cache into the tree, rebasing onto an existing identical block."""
+                      plan: Plan) -> Node | None:
+        """Put one block of this cache into the tree (KVCM2's ``_commit_block``).
+
+        An identical full block already there: the cache rebases onto its pages (ours are given
+        back; a page of theirs off the GPU is brought up). A partial block whose tokens an
+        existing sibling already holds adds nothing (None; the cache keeps its page). Otherwise
+        a new node with our pages, replacing the shorter partial siblings it covers.
+        """
         m = self._manager
         storage = m.storage
         p = storage.pages
         c = plan.counts
         c.blocks_hashed += 1
         c.tree_nodes_visited += 1
-        ours = [int(self._pages[lc][ordinal]) for lc in range(m.layout.num_life_cycles)]
+        parent = self._tail_node if ordinal else None
+        n_lc = m.layout.num_life_cycles
+        ours = [self._page_of(lc, ordinal) for lc in range(n_lc)]
+        full = tokens.size == m.layout.tokens_per_block
         node = root.nodes_by_key.get(key)
-        if node is None:
-            node = m.tree.add_node(root, self._tail_node, key, tokens, ours)
-            c.tree_nodes_created += 1
-            for page in ours:
-                if page != NO_PAGE:
-                    p.node[page] = node.node_id
-            storage.changed([page for page in ours if page != NO_PAGE])
-            m._emit({"type": "stored", "scope": root.scope, "block": ordinal,
-                     "num_tokens": int(tokens.size)}, plan)
+        if full and node is not None:
+            self._rebase(node, ordinal, ours, plan)
             return node
+        if not full and m.tree.covering_sibling(root, parent, tokens) is not None:
+            return None
+        for replaced in m.tree.covered_partials(root, parent, tokens):
+            m._remove_nodes([replaced], plan)
+        node = m.tree.add_node(root, parent, key, tokens, ours)
+        c.tree_nodes_created += 1
+        for page in ours:
+            if page != NO_PAGE:
+                p.node[page] = node.node_id
+        storage.changed([page for page in ours if page != NO_PAGE])
+        m._emit({"type": "stored", "scope": root.scope, "block": ordinal,
+                 "num_tokens": int(tokens.size)}, plan)
+        return node
+
+    def _rebase(self, node: Node, ordinal: int, ours: list[int], plan: Plan) -> None:
+        """Use the tree's pages of an identical block instead of ours (KVCM2 rebasing)."""
+        m = self._manager
+        storage = m.storage
+        p = storage.pages
+        active = self._status is CacheStatus.ACTIVE
         storage.changed([page for page in (*ours, *node.pages) if page != NO_PAGE])
         for lc, mine in enumerate(ours):
             theirs = node.pages[lc]
-            if theirs == mine:
+            if mine == NO_PAGE or theirs == mine:
                 continue
-            if theirs != NO_PAGE and p.level[theirs] == 0:
-                # Rebase: use the identical page already on the GPU, give ours back.
-                if mine != NO_PAGE:
-                    p.holders[theirs] += 1
-                    p.lockers[theirs] += 1
-                    self._pages[lc][ordinal] = theirs
-                    m._release(np.array([mine], dtype=np.int32), True, plan)
-            elif mine != NO_PAGE:
-                # The tree's copy is missing or off the GPU: ours (fresh, on the GPU) replaces it.
+            if theirs == NO_PAGE:
+                # The tree's copy is gone: ours takes its place.
                 node.pages[lc] = mine
                 p.node[mine] = node.node_id
-                if theirs != NO_PAGE:
-                    p.node[theirs] = NO_PAGE
-                    if p.holders[theirs] == 0:
-                        storage.free(np.array([theirs], dtype=np.int32), plan)
-        return node
+                continue
+            in_table = ordinal < self._pages[lc].size and self._pages[lc][ordinal] == mine
+            locked = active and in_table
+            p.holders[theirs] += 1
+            if in_table:
+                self._pages[lc][ordinal] = theirs
+            else:
+                self._held_stale[lc][ordinal] = theirs
+            m._release(np.array([mine], dtype=np.int32), locked, plan)
+            if locked:
+                p.lockers[theirs] += 1
+                level = int(p.level[theirs])
+                if level > 0:
+                    # Our page's slot was just freed: theirs comes up into it.
+                    storage.move(np.array([theirs], dtype=np.int32), level, 0,
+                                 int(p.pool_group[theirs]), plan, record=True)
 
     # -- planned drops -------------------------------------------------------------------------------
     def _plan_drop(self, plan: Plan) -> PlannedDrop | None:
@@ -546,21 +773,13 @@ class KvCache:
         tpb = m.layout.tokens_per_block
         p = m.storage.pages
         n_tokens = int(self._tokens.size)
-        if n_tokens == 0:
+        if n_tokens == 0 or m.config.reuse_match_backoff:
             return None
-        nodes, hashed = m.tree.walk_full_blocks(self.scope, self._tokens)
+        nodes, hashed, _ = m.tree.walk(self.scope, self._tokens)
         plan.counts.blocks_hashed += hashed
         plan.counts.tree_nodes_visited += len(nodes)
-        if len(nodes) < self._committed_blocks:
+        if len(nodes) < math.ceil(n_tokens / tpb):
             return None
-        nodes = nodes[:self._committed_blocks]
-        if n_tokens % tpb:
-            key = block_key(self._tail_key, self._tokens[self._committed_blocks * tpb:])
-            root = m.tree.roots.get(self.scope)
-            tail = None if root is None else root.nodes_by_key.get(key)
-            if tail is None:
-                return None
-            nodes.append(tail)
         for b, node in enumerate(nodes):
             for lc in range(m.layout.num_life_cycles):
                 mine = int(self._pages[lc][b]) if b < self._pages[lc].size else NO_PAGE
@@ -604,13 +823,13 @@ class PlannedDrop:
     def drop(self, plan: Plan) -> int:
         """Apply the plan; returns the number of pages dropped now."""
         if self._dropped:
-            raise InvalidStateError("PlannedDrop.drop() called twice")
+            raise InvalidStateError("PlannedDrop.drop(): this plan has already been dropped")
         storage = self._manager.storage
         p = storage.pages
         ids = self._page_ids[p.generation[self._page_ids] == self._generations]  # rows freed since
         p.planned_drops[ids] -= 1
         now = ids[(p.planned_drops[ids] == 0) & (p.holders[ids] == 0) & (p.node[ids] >= 0)]
-        storage.drop(now, plan, kind="planned")
+        storage.drop(now, plan, record=False)
         self._dropped = True
         return int(now.size)
 

@@ -26,16 +26,15 @@ from kvsim.errors import (
     InvalidArgumentError,
     InvalidStateError,
     OutOfPagesError,
-    UnknownScopeError,
 )
 from kvsim.manager.calls import public_call
-from kvsim.manager.config import ManagerConfig, StorageLayout
-from kvsim.manager.kv_cache import CacheStatus, KvCache, PriorityCallback, as_tokens
+from kvsim.manager.config import LifeCycle, ManagerConfig, StorageLayout
+from kvsim.manager.kv_cache import CacheStatus, KvCache, PriorityCallback, as_tokens, require_size
 from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.manager.matching import Match, match_prefix
 from kvsim.manager.pages import NO_PAGE
 from kvsim.manager.plan import Plan
-from kvsim.manager.radix_tree import Node, RadixTree
+from kvsim.manager.radix_tree import DEFAULT_SCOPE, Node, RadixTree
 from kvsim.manager.stats import Statistics
 from kvsim.manager.storage import EvictionStep, Storage
 
@@ -48,8 +47,9 @@ class KVCacheManager:
         self.layout = StorageLayout.from_config(config)
         lay = self.layout
         page_bytes = np.array([lay.page_bytes_of_life_cycle(i) for i in range(lay.num_life_cycles)])
-        self.stats = Statistics(lay.num_life_cycles, page_bytes, config.enable_stats,
-                                config.stats_commit == "per_page", self._block_stats)
+        self.stats = Statistics(lay.num_life_cycles, lay.num_levels, page_bytes,
+                                config.enable_stats, config.stats_commit == "per_page",
+                                self._block_stats)
         self.storage = Storage(lay, self.stats)
         self.storage.on_drop = self._forget_dropped
         self.tree = RadixTree(lay.tokens_per_block)
@@ -98,14 +98,18 @@ class KVCacheManager:
     def _block_stats(self) -> np.ndarray:
         return self.storage.block_stats()
 
-    def _require_scope(self, scope: Hashable) -> Hashable:
+    @staticmethod
+    def _require_scope(scope: Hashable) -> Hashable:
+        """Any hashable value is a reuse scope (KVCM2 takes any ``ReuseScope(lora_id, salt)``,
+        undeclared); None is the default scope, ``ReuseScope()``."""
+        if scope is None:
+            return DEFAULT_SCOPE
         try:
-            known = scope in self.config.reuse_scopes
+            hash(scope)
         except TypeError:
-            known = False
-        if not known:
-            raise UnknownScopeError(
-                f"reuse scope {scope!r} is not declared (declared: {list(self.config.reuse_scopes)})")
+            raise InvalidArgumentError(
+                f"reuse_scope must be hashable (a ReuseScope, an integer or a string), "
+                f"got {scope!r}") from None
         return scope
 
     def _require_level(self, cache_level: object) -> int:
@@ -120,10 +124,11 @@ class KVCacheManager:
             plan.counts.events_emitted += 1
             plan.events.append(event)
 
-    def _priorities(self, callback: PriorityCallback | None, ordinals: np.ndarray, lc: int,
-                    plan: Plan) -> np.ndarray:
-        """Eviction priorities of new pages: the cache's callback for each block, or the
-        default; a callback returning anything but an integer in [0, 100] is an error."""
+    def _priorities(self, callback: PriorityCallback | None, ordinals: np.ndarray,
+                    lc: LifeCycle, plan: Plan) -> np.ndarray:
+        """Eviction priorities of new pages: the cache's callback for each block (called with
+        the block ordinal and the :class:`LifeCycle`, as in KVCM2), or the default; a callback
+        returning anything but an integer in [0, 100] is an error."""
         if callback is None or ordinals.size == 0:
             return np.full(ordinals.size, self.config.default_priority, dtype=np.int16)
         out = np.empty(ordinals.size, dtype=np.int16)
@@ -132,8 +137,8 @@ class KVCacheManager:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) \
                     or not 0 <= value <= 100:
                 raise InvalidArgumentError(
-                    f"priority callback returned {value!r} for block {b}, life cycle {lc}; "
-                    "expected an integer in [0, 100]")
+                    f"priority callback returned {value!r} for block {b}, life cycle "
+                    f"{lc.index}; expected an integer in [0, 100]")
             out[i] = value
         plan.counts.callback_calls += ordinals.size
         return out
@@ -152,19 +157,54 @@ class KVCacheManager:
         self.storage.free(ids[(p.holders[ids] == 0) & (p.node[ids] < 0)], plan)
 
     def _forget_dropped(self, ids: np.ndarray, plan: Plan) -> None:
-        """The tree forgets committed pages about to be dropped (storage calls this)."""
+        """The tree forgets committed pages about to be dropped (storage calls this).
+
+        As in KVCM2 (``Block.clear_stale_blocks_after_page_unlink``): a dropped page of a
+        full-attention life cycle, or of a sink block, takes its block and every block below it
+        out of the tree (no match can pass the missing page); a dropped page of a window block
+        takes only itself, then empty childless blocks leave the tree, leaf upward.
+        """
         p = self.storage.pages
-        for page, lc, node_id in zip(ids.tolist(), p.life_cycle[ids].tolist(),
-                                     p.node[ids].tolist()):
+        layout = self.layout
+        for page in ids.tolist():
+            node_id = int(p.node[page])
+            if node_id < 0:  # already out, with a subtree removed earlier in this batch
+                continue
+            lc = layout.life_cycles[int(p.life_cycle[page])]
             node = self.tree.nodes[node_id]
-            node.pages[lc] = NO_PAGE
+            node.pages[lc.index] = NO_PAGE
             p.node[page] = NO_PAGE
+            if not lc.is_sliding or node.depth < lc.sink_blocks:
+                self._remove_nodes([node], plan, dropping=ids)
+                continue
             removed = self.tree.remove_if_empty(node)
             plan.counts.tree_nodes_removed += removed
             if removed:
                 self._emit({"type": "removed", "scope": node.root.scope, "block": node.depth,
                             "num_nodes": removed}, plan)
         self.storage.changed(ids)
+
+    def _remove_nodes(self, nodes: list[Node], plan: Plan,
+                      dropping: np.ndarray | None = None) -> None:
+        """Take nodes, with everything below them, out of the tree. Their
+        pages leave the tree too: those no cache holds are freed at once (not counted as
+        drops), the others stay with their caches, uncommitted, until released."""
+        p = self.storage.pages
+        for top in nodes:
+            removed = self.tree.remove_subtree(top)  # a replaced partial block has no children
+            pages = [pg for n in removed for pg in n.pages if pg != NO_PAGE]
+            for n in removed:
+                n.pages = [NO_PAGE] * len(n.pages)
+            ids = np.array(pages, dtype=np.int32)
+            p.node[ids] = NO_PAGE
+            self.storage.changed(ids)
+            free = ids[p.holders[ids] == 0]
+            if dropping is not None:
+                free = free[~np.isin(free, dropping)]
+            self.storage.free(free, plan)
+            plan.counts.tree_nodes_removed += len(removed)
+            self._emit({"type": "removed", "scope": top.root.scope, "block": top.depth,
+                        "num_nodes": len(removed)}, plan)
 
     # -- read-only queries (shared lock) -------------------------------------------------------
     @property
@@ -178,8 +218,20 @@ class KVCacheManager:
     def open_caches(self) -> list[KvCache]:
         return list(self._caches.values())
 
+    def gpu_utilization(self) -> float:
+        """The highest share of a GPU pool group's slots that are neither free nor evictable
+        (what ``resume()`` compares with ``max_util_for_resume``, as KVCM2's
+        ``StorageManager.get_utilization``)."""
+        worst = 0.0
+        for g in range(self.layout.num_pool_groups):
+            alloc = self.storage.allocators[0][g]
+            if alloc.num_slots:
+                evictable = int(self.storage.evictable_at(0, g).size)
+                worst = max(worst, (alloc.num_used - evictable) / alloc.num_slots)
+        return worst
+
     @public_call("KVCacheManager.probe_reuse", mutates=False)
-    def probe_reuse(self, plan: Plan, tokens: object, reuse_scope: Hashable = 0) -> int:
+    def probe_reuse(self, plan: Plan, tokens: object, reuse_scope: Hashable = None) -> int:
         """How many of ``tokens`` a new cache would reuse; read-only (never mutates anything),
         unless ``probe_drains_root_erasures`` reproduces the pre-fix bug."""
         scope = self._require_scope(reuse_scope)
@@ -192,11 +244,12 @@ class KVCacheManager:
         return match.num_tokens
 
     @public_call("KVCacheManager.get_quota", mutates=False)
-    def get_quota(self, plan: Plan, cache_level: int) -> list[int]:
-        """Bytes per pool group at ``cache_level``."""
+    def get_quota(self, plan: Plan, cache_level: int) -> int:
+        """The bytes ``cache_level``'s slots hold, over all pool groups (per pool group:
+        ``get_storage_statistics``)."""
         level = self._require_level(cache_level)
-        return [self.storage.num_slots(level, g) * pg.page_bytes
-                for g, pg in enumerate(self.layout.pool_groups)]
+        return sum(self.storage.num_slots(level, g) * pg.page_bytes
+                   for g, pg in enumerate(self.layout.pool_groups))
 
     @public_call("KVCacheManager.get_storage_statistics", mutates=False)
     def get_storage_statistics(self, plan: Plan, cache_level: int) -> list[dict[str, int]]:
@@ -224,18 +277,30 @@ class KVCacheManager:
 
     # -- create ---------------------------------------------------------------------------------
     def _match(self, scope: Hashable, tokens: np.ndarray) -> Match:
-        return match_prefix(self.tree, self.layout, self.config.partial_reuse, scope, tokens)
+        c = self.config
+        return match_prefix(self.tree, self.layout, c.partial_reuse, c.reuse_match_backoff, scope,
+                            tokens)
 
     @public_call("KVCacheManager.create_kv_cache")
-    def create_kv_cache(self, plan: Plan, input_tokens: object = None, reuse_scope: Hashable = 0,
+    def create_kv_cache(self, plan: Plan, input_tokens: object = None,
+                        reuse_scope: Hashable = None,
                         priority_callback: PriorityCallback | None = None,
-                        cache_id: Hashable | None = None) -> KvCache:
+                        cache_id: Hashable | None = None,
+                        expected_prompt_length: int | None = None) -> KvCache:
         """A SUSPENDED cache holding the reusable prefix of ``input_tokens``.
 
-        Its committed tokens, history and capacity all equal the matched tokens.
+        Its committed tokens, history and capacity all equal the matched tokens; nothing is
+        allocated (a partially reused block is copied at the first ``resume()``). Blocks a
+        resize allocates before the history reaches ``expected_prompt_length`` (default: the
+        number of input tokens; with no input tokens, never) count as missed.
         """
         scope = self._require_scope(reuse_scope)
         toks = as_tokens(input_tokens, "input_tokens")
+        if expected_prompt_length is not None:
+            expected_prompt_length = require_size("expected_prompt_length",
+                                                  expected_prompt_length)
+        elif input_tokens is not None:
+            expected_prompt_length = int(toks.size)
         if priority_callback is not None and not callable(priority_callback):
             raise InvalidArgumentError("priority_callback must be callable or None")
         try:
@@ -253,34 +318,14 @@ class KVCacheManager:
         elif cache_id in self._caches:
             raise InvalidArgumentError(f"cache id {cache_id!r} is already open")
         match = self._match(scope, toks)
-        partial, n_partial = self._feasible_partial(match)
-        # The priority callback may raise: ask it about the partial block's new pages now,
-        # before anything changes.
-        partial_priorities = None
-        if partial is not None:
-            ordinal = np.array([len(match.nodes)])
-            partial_priorities = {
-                pg.index: np.concatenate([self._priorities(priority_callback, ordinal, lc, plan)
-                                          for lc in pg.life_cycles])
-                for pg in self.layout.pool_groups}
         # Validation done: from here on nothing fails.
         plan.counts.roots_erased += self.tree.drain_root_erasures()
-        cache = KvCache(self, cache_id, scope, priority_callback)
-        cache._adopt(match, toks, plan, partial, n_partial, partial_priorities)
+        cache = KvCache(self, cache_id, scope, priority_callback, expected_prompt_length)
+        cache._adopt(match, None if input_tokens is None else toks, plan)
         self._caches[cache_id] = cache
         if cache_id == self._next_cache_id:
             self._next_cache_id += 1
         return cache
-
-    def _feasible_partial(self, match: Match) -> tuple[Node | None, int]:
-        """The partial block is copied into a fresh GPU page per life cycle; only when the GPU
-        level has the slots free (create never evicts for it)."""
-        if match.partial is None:
-            return None, 0
-        for pg in self.layout.pool_groups:
-            if self.storage.allocators[0][pg.index].num_free < len(pg.life_cycles):
-                return None, 0
-        return match.partial, match.partial_tokens
 
     # -- manager-wide operations --------------------------------------------------------------
     @public_call("KVCacheManager.resize")
@@ -312,7 +357,7 @@ class KVCacheManager:
         except OutOfPagesError:
             plan.ok = False
             return False
-        self.storage.apply_eviction(steps, plan)
+        self.storage.apply_eviction(steps, plan, record=False)  # KVCM2 records none of it
         for g, slots in enumerate(new_slots):
             self.storage.compact(level, g, slots, plan)
         return True

@@ -1,11 +1,21 @@
 """Matching a prompt against the radix tree: which committed blocks a new cache can reuse.
 
-The walk follows full blocks by key (:meth:`RadixTree.walk_full_blocks`), then is pruned to
-blocks that still have what each life cycle needs: full attention needs every block's page (a
-dropped page ends the match there); a sliding-window life cycle needs the pages of the blocks
-its window and sinks cover at the match's length, so the match shortens block by block until
-they are all present. With partial reuse, when every full block matched, the best partially
-matching child of the last one may add its first tokens. Read-only: nothing here mutates.
+The rules are KVCM2's (``_block_radix_tree.py``: ``_match_token_path``, ``_prune_match``; the
+backoff in ``_kv_cache_manager.py`` ``_match_reuse``), in three stages:
+
+1. **Walk.** Blocks are followed by key, the last, short chunk of the prompt included (a stored
+   partial block with exactly those tokens matches without partial matching). With partial
+   reuse on, where a key misses, the child of the last matched block sharing the most leading
+   tokens with the prompt adds those tokens (skipped below a block with 32 children or more).
+2. **Backoff.** ``reuse_match_backoff`` tokens come off the tail of the walk (never below 0);
+   the match may then end inside a full block, which is then reused partially.
+3. **Prune at the endpoint.** With ``n`` the tokens matched, every life cycle needs a page in
+   each block it loads at ``n``: every block for full attention; the sink blocks and the blocks
+   of the window at ``n`` for a sliding window (blocks stale at ``n`` need none). The match is
+   cut before the first block that lacks one, and checked again at the shorter endpoint, until
+   nothing changes.
+
+Read-only: nothing here mutates.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.manager.config import LifeCycle, StorageLayout
+from kvsim.manager.config import StorageLayout
 from kvsim.manager.pages import NO_PAGE
 from kvsim.manager.radix_tree import Node, RadixTree
 
@@ -27,47 +37,61 @@ class Match:
     partial_tokens: int
     num_tokens: int
     blocks_hashed: int
+    tree_nodes_visited: int
 
     @property
-    def tree_nodes_visited(self) -> int:
-        return len(self.nodes) + (1 if self.partial is not None else 0)
+    def blocks(self) -> list[Node]:
+        """Every matched block, the partial one last."""
+        return self.nodes if self.partial is None else [*self.nodes, self.partial]
 
 
-def window_present(layout: StorageLayout, lc: LifeCycle, nodes: list[Node], history: int,
-                   extra: Node | None) -> bool:
-    """Does every non-stale block of ``lc`` up to ``history`` tokens have a page?"""
-    num_blocks = len(nodes) + (1 if extra is not None else 0)
-    begin, end = lc.stale_range(history, layout.tokens_per_block)
-    for b in list(range(0, begin)) + list(range(end, num_blocks)):
-        node = nodes[b] if b < len(nodes) else extra
-        if node.pages[lc.index] == NO_PAGE:
-            return False
-    return True
+def _first_missing(layout: StorageLayout, blocks: list[Node], n: int) -> int | None:
+    """The first block a life cycle loads at ``n`` tokens that has no page, or None."""
+    tpb = layout.tokens_per_block
+    first: int | None = None
+    for lc in layout.life_cycles:
+        begin, end = lc.stale_range(n, tpb)
+        for b in [*range(begin), *range(end, len(blocks))]:
+            if blocks[b].pages[lc.index] == NO_PAGE:
+                first = b if first is None else min(first, b)
+                break
+    return first
 
 
-def match_prefix(tree: RadixTree, layout: StorageLayout, partial_reuse: bool, scope: Hashable,
-                 tokens: np.ndarray) -> Match:
+def match_prefix(tree: RadixTree, layout: StorageLayout, partial_reuse: bool, backoff: int,
+                 scope: Hashable, tokens: np.ndarray) -> Match:
     """The usable prefix of ``tokens`` in ``tree`` (see the module docstring)."""
     tpb = layout.tokens_per_block
-    nodes, hashed = tree.walk_full_blocks(scope, tokens)
-    walked = len(nodes)
-    for lc in layout.life_cycles:
-        if not lc.is_sliding:
-            for i, node in enumerate(nodes):
-                if node.pages[lc.index] == NO_PAGE:
-                    nodes = nodes[:i]
-                    break
-    for lc in layout.life_cycles:
-        if lc.is_sliding:
-            while nodes and not window_present(layout, lc, nodes, len(nodes) * tpb, None):
-                nodes = nodes[:-1]
-    partial, partial_tokens = None, 0
-    if partial_reuse and len(nodes) == walked:
-        parent = nodes[-1] if nodes else None
-        child, n = tree.best_partial_child(scope, parent, tokens[len(nodes) * tpb:])
-        if child is not None and n > 0 and all(
-            window_present(layout, lc, nodes, len(nodes) * tpb + n, child)
-            for lc in layout.life_cycles
-        ):
-            partial, partial_tokens = child, n
-    return Match(nodes, partial, partial_tokens, len(nodes) * tpb + partial_tokens, hashed)
+    nodes, hashed, missed = tree.walk(scope, tokens)
+    # (node, tokens of it matched), one entry per block
+    entries = [(node, int(node.tokens.size)) for node in nodes]
+    visited = len(entries)
+    if partial_reuse and missed and (not nodes or not nodes[-1].is_partial):
+        child, n = tree.best_partial_child(scope, nodes[-1] if nodes else None,
+                                           tokens[len(nodes) * tpb:])
+        if child is not None and n > 0:
+            entries.append((child, n))
+            visited += 1
+    cut = backoff
+    while cut and entries:
+        node, n = entries[-1]
+        if n > cut:
+            entries[-1] = (node, n - cut)
+            cut = 0
+        else:
+            cut -= n
+            entries.pop()
+    while entries:
+        n = (len(entries) - 1) * tpb + entries[-1][1]
+        missing = _first_missing(layout, [node for node, _ in entries], n)
+        if missing is None:
+            break
+        del entries[missing:]
+    if entries and entries[-1][1] < tpb:
+        partial, partial_tokens = entries[-1]
+        full = [node for node, _ in entries[:-1]]
+    else:
+        partial, partial_tokens = None, 0
+        full = [node for node, _ in entries]
+    return Match(full, partial, partial_tokens, len(full) * tpb + partial_tokens, hashed,
+                 visited)

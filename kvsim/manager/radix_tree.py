@@ -1,20 +1,43 @@
 """Radix tree of committed blocks, one root per reuse scope.
 
 A block's key is SHA-256(previous block's key || the block's tokens as 4-byte little-endian), so a
-key names the whole prefix up to and including the block. Each root keeps a flat ``key -> node``
-map for the full-block walk and each node its children for partial matching. Roots that lose their
-last node are queued for erasure; the queue is drained only from exclusive entry points, because
-draining mutates the root map and a probe runs under a shared lock.
+key names the whole prefix up to and including the block; a partial block (fewer tokens than a
+block holds, committed when a cache stops committing) is keyed the same way over its tokens.
+Each root keeps a flat ``key -> node`` map for the walk and each node its children for partial
+matching.
+
+Sibling rules, as in KVCM2 (``_block_radix_tree.py``, ``Block.__init__``): a partial block whose
+tokens are a prefix of an existing sibling's adds nothing (the sibling already holds them); a new
+block that covers a shorter partial sibling replaces it, and the replaced sibling leaves the tree.
+Removing a node takes its pages out of the tree (they stay with the caches holding them); roots
+that lose their last node are queued for erasure, drained only from exclusive entry points,
+because draining mutates the root map and a probe runs under a shared lock.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Hashable
+from typing import NamedTuple
 
 import numpy as np
 
 from kvsim.manager.pages import NO_PAGE
+
+# KVCM2 skips the partial-match search below a block with this many children or more
+# (find_best_partial_match_in_next_nodes in _block_radix_tree.py).
+MAX_PARTIAL_MATCH_CHILDREN = 32
+
+
+class ReuseScope(NamedTuple):
+    """KVCM2's reuse scope: blocks are shared only between caches of equal scope. Any
+    hashable value works as a scope in kvsim; ``None`` means ``ReuseScope()``."""
+
+    lora_id: int | None = None
+    salt: int | None = None
+
+
+DEFAULT_SCOPE = ReuseScope()
 
 
 def block_key(previous_key: bytes, tokens: np.ndarray) -> bytes:
@@ -46,13 +69,26 @@ class Node:
 
 
 class Root:
-    __slots__ = ("scope", "tokens_per_block", "nodes_by_key", "children")
+    __slots__ = ("scope", "tokens_per_block", "nodes_by_key", "children", "by_first")
 
     def __init__(self, scope: Hashable, tokens_per_block: int) -> None:
         self.scope = scope
         self.tokens_per_block = tokens_per_block
         self.nodes_by_key: dict[bytes, Node] = {}
         self.children: dict[bytes, Node] = {}
+        # (parent's key, or b"" at the top; first token) -> children: the sibling rules compare
+        # a new block only with the siblings that start like it
+        self.by_first: dict[tuple[bytes, int], list[Node]] = {}
+
+
+def _first_key(parent: Node | None, tokens: np.ndarray) -> tuple[bytes, int]:
+    return (b"" if parent is None else parent.key, int(tokens[0]))
+
+
+def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(a.size, b.size)
+    same = a[:n] == b[:n]
+    return n if same.all() else int(np.argmin(same))
 
 
 class RadixTree:
@@ -64,49 +100,63 @@ class RadixTree:
         self._next_node_id = 0
 
     # -- read-only ---------------------------------------------------------------------------
-    def walk_full_blocks(self, scope: Hashable, tokens: np.ndarray) -> tuple[list[Node], int]:
-        """Nodes of the longest run of full blocks of ``tokens`` present in the tree.
+    def walk(self, scope: Hashable, tokens: np.ndarray) -> tuple[list[Node], int, bool]:
+        """Nodes of the longest run of blocks of ``tokens`` found by key. Read-only.
 
-        Returns the nodes and the number of blocks hashed. Read-only.
+        The last, short chunk of ``tokens`` is looked up too: a stored partial block with
+        exactly those tokens matches without partial matching. Returns the nodes, the number
+        of blocks hashed, and whether the walk stopped at a key that missed (rather than at the
+        end of ``tokens``).
         """
         root = self.roots.get(scope)
         if root is None or not root.nodes_by_key:
-            return [], 0
+            return [], 0, tokens.size > 0
         tpb = self.tokens_per_block
         nodes: list[Node] = []
         key = b""
         hashed = 0
-        for b in range(tokens.size // tpb):
-            key = block_key(key, tokens[b * tpb : (b + 1) * tpb])
+        for b in range(-(-tokens.size // tpb)):
+            key = block_key(key, tokens[b * tpb:(b + 1) * tpb])
             hashed += 1
             node = root.nodes_by_key.get(key)
             if node is None:
-                break
+                return nodes, hashed, True
             nodes.append(node)
-        return nodes, hashed
+        return nodes, hashed, False
 
     def best_partial_child(self, scope: Hashable, parent: Node | None,
                            remaining: np.ndarray) -> tuple[Node | None, int]:
-        """The child of ``parent`` sharing the longest token prefix with ``remaining``.
-
-        Only a strict prefix of a block counts (a full-block match is found by key). Ties go to
-        the child added first. Read-only.
-        """
+        """The child of ``parent`` sharing the longest leading tokens with ``remaining`` (at
+        most a block), and how many; none when ``parent`` has too many children to search.
+        Ties go to the child added first. Read-only."""
         root = self.roots.get(scope)
         if root is None or remaining.size == 0:
             return None, 0
         children = root.children if parent is None else parent.children
+        if len(children) >= MAX_PARTIAL_MATCH_CHILDREN:
+            return None, 0
+        chunk = remaining[:self.tokens_per_block]
         best: Node | None = None
         best_len = 0
-        limit = min(remaining.size, self.tokens_per_block)
         for child in children.values():
-            n = min(limit, child.tokens.size)
-            same = child.tokens[:n] == remaining[:n]
-            common = n if same.all() else int(np.argmin(same))
-            common = min(common, self.tokens_per_block - 1)
+            common = _common_prefix(child.tokens, chunk)
             if common > best_len:
                 best, best_len = child, common
         return best, best_len
+
+    def covering_sibling(self, root: Root, parent: Node | None, tokens: np.ndarray) -> Node | None:
+        """A child of ``parent`` whose tokens start with ``tokens`` (which then adds nothing)."""
+        for child in root.by_first.get(_first_key(parent, tokens), ()):
+            if child.tokens.size >= tokens.size and \
+                    np.array_equal(child.tokens[:tokens.size], tokens):
+                return child
+        return None
+
+    def covered_partials(self, root: Root, parent: Node | None, tokens: np.ndarray) -> list[Node]:
+        """Partial children of ``parent`` that a new block of ``tokens`` replaces."""
+        return [child for child in root.by_first.get(_first_key(parent, tokens), ())
+                if child.tokens.size < tokens.size
+                and np.array_equal(tokens[:child.tokens.size], child.tokens)]
 
     # -- mutation (exclusive entry points only) ---------------------------------------------
     def root_for(self, scope: Hashable) -> Root:
@@ -126,8 +176,37 @@ class RadixTree:
         self._next_node_id += 1
         root.nodes_by_key[key] = node
         (root.children if parent is None else parent.children)[key] = node
+        root.by_first.setdefault(_first_key(parent, tokens), []).append(node)
         self.nodes[node.node_id] = node
         return node
+
+    def _detach(self, node: Node) -> None:
+        root = node.root
+        del root.nodes_by_key[node.key]
+        siblings = root.children if node.parent is None else node.parent.children
+        del siblings[node.key]
+        first = _first_key(node.parent, node.tokens)
+        same_start = root.by_first[first]
+        same_start.remove(node)
+        if not same_start:
+            del root.by_first[first]
+        del self.nodes[node.node_id]
+        if not root.nodes_by_key and root.scope not in self.pending_root_erasures:
+            self.pending_root_erasures.append(root.scope)
+
+    def remove_subtree(self, node: Node) -> list[Node]:
+        """Detach ``node`` and every node below it; returns them, deepest first. The caller
+        takes their pages out of the tree."""
+        out: list[Node] = []
+        stack = [node]
+        while stack:  # pre-order, reversed below: children before their parents
+            current = stack.pop()
+            out.append(current)
+            stack.extend(current.children.values())
+        out.reverse()
+        for n in out:
+            self._detach(n)
+        return out
 
     def remove_if_empty(self, node: Node) -> int:
         """Remove ``node`` and then its ancestors while they hold no page and no child.
@@ -137,14 +216,8 @@ class RadixTree:
         removed = 0
         current: Node | None = node
         while current is not None and not current.children and not current.has_pages():
-            root = current.root
-            del root.nodes_by_key[current.key]
-            siblings = root.children if current.parent is None else current.parent.children
-            del siblings[current.key]
-            del self.nodes[current.node_id]
+            self._detach(current)
             removed += 1
-            if not root.nodes_by_key and root.scope not in self.pending_root_erasures:
-                self.pending_root_erasures.append(root.scope)
             current = current.parent
         return removed
 

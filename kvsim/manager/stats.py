@@ -1,10 +1,28 @@
-"""Iteration and cumulative statistics, per life cycle.
+"""Statistics per life cycle, kept the way KVCM2 keeps them.
 
-Counters accumulate in a pending delta and are *committed* into the iteration statistics. Every
-commit re-samples the peak block statistics with a scan over all (level, pool group) cells, as
-KVCM2 does. Recording a migration batch commits once (``per_batch``, the seed's fix) or once per
-page (``per_page``, the behaviour before it); the counters end up identical, only the number of
-commits and scans differs, and the plan counts both.
+What a cache's calls find or allocate travels two ways (KVCM2: ``_core/_kv_cache.py``,
+``_core/_pending_stats.py``):
+
+* **pending**, per cache (:class:`PendingStats`): the reuse found at ``create_kv_cache`` (full
+  and partial blocks, and the level each came from), the blocks a ``resize`` allocates (missed
+  while the cache is not yet generation-ready, generation allocations after), and the private
+  copy of a partially reused block made at the first ``resume``. They reach the manager only when
+  the cache publishes them (``KvCache.commit_pending_stats``); ``close()`` and
+  ``discard_pending_stats()`` drop them, and shrinking a cache takes back the allocations of the
+  removed blocks that are still pending.
+* **direct**: the migrations a cache's own calls cause (onboarding to the GPU, offloading from it,
+  intra-GPU copies, drops at the last level) are committed when they happen. Migrations that
+  ``KVCacheManager.resize`` or ``prefetch`` cause, and host-to-disk moves, are not recorded.
+
+Blocks are counted per attention life cycle. A block is *allocated* (``alloc_total`` =
+``alloc_new``) when a resize creates it, when the partial block's private copy is made, and when
+a page is onboarded to the GPU; reused blocks are never allocations. ``reused_blocks`` counts the
+full and the partial reused block together.
+
+Every commit adds its delta to the iteration and cumulative statistics and re-samples the peak
+block statistics with a scan over all (level, pool group) cells, as KVCM2 does. Recording a
+migration batch commits once (``per_batch``, the seed's fix) or once per page (``per_page``, the
+behaviour before it); the counters end up identical, only the commits and scans differ.
 """
 
 from __future__ import annotations
@@ -18,9 +36,11 @@ from kvsim.manager.plan import WorkCounts
 COUNTERS = (
     "alloc_total_blocks",
     "alloc_new_blocks",
-    "reused_blocks",
+    "reused_blocks",  # full + partial
+    "full_reused_blocks",
     "partial_reused_blocks",
     "missed_blocks",
+    "gen_alloc_blocks",
     "onboard_blocks",
     "onboard_bytes",
     "offload_blocks",
@@ -31,12 +51,15 @@ COUNTERS = (
     "host_dropped_bytes",
 )
 CUMULATIVE = ("alloc_total_blocks", "alloc_new_blocks", "reused_blocks", "missed_blocks")
+PENDING = ("alloc_total_blocks", "alloc_new_blocks", "reused_blocks", "full_reused_blocks",
+           "partial_reused_blocks", "missed_blocks", "gen_alloc_blocks")
 PEAKS = ("peak_available_blocks", "peak_unavailable_blocks", "peak_evictable_blocks")
+BY_LEVEL = "reused_blocks_by_level"  # per life cycle: reused blocks found at each level
 
-# kind of migration -> (blocks counter, bytes counter)
+# kind of migration -> counters one page adds, and whether its bytes count
 MIGRATION_COUNTERS = {
     "offload": ("offload_blocks", "offload_bytes"),
-    "onboard": ("onboard_blocks", "onboard_bytes"),
+    "onboard": ("onboard_blocks", "onboard_bytes", "alloc_total_blocks", "alloc_new_blocks"),
     "intra": ("intra_copy_blocks", "intra_copy_bytes"),
     "drop": ("host_dropped_blocks", "host_dropped_bytes"),
 }
@@ -45,40 +68,127 @@ MIGRATION_COUNTERS = {
 Sampler = Callable[[], np.ndarray]
 
 
+def _migration_delta(kind: str, blocks: np.ndarray, page_bytes: np.ndarray) -> dict:
+    return {name: blocks * page_bytes if name.endswith("_bytes") else blocks
+            for name in MIGRATION_COUNTERS[kind]}
+
+
+class PendingStats:
+    """One cache's statistics not yet published (see the module docstring)."""
+
+    __slots__ = ("delta", "by_level", "segments")
+
+    def __init__(self, num_life_cycles: int, num_levels: int) -> None:
+        self.delta = {c: np.zeros(num_life_cycles, dtype=np.int64) for c in PENDING}
+        self.by_level = np.zeros((num_life_cycles, num_levels), dtype=np.int64)
+        # Allocations still pending, as [life cycle, first block, end block, missed, generation],
+        # so that a shrink can take back exactly those of the blocks it removes.
+        self.segments: list[list] = []
+
+    @property
+    def empty(self) -> bool:
+        return not self.by_level.any() and not any(v.any() for v in self.delta.values())
+
+    def record_reuse(self, full: np.ndarray, partial: np.ndarray, by_level: np.ndarray) -> None:
+        self.delta["full_reused_blocks"] += full
+        self.delta["partial_reused_blocks"] += partial
+        self.delta["reused_blocks"] += full + partial
+        self.by_level += by_level
+
+    def record_allocation(self, lc: int, begin: int, end: int, missed: bool,
+                          generation: bool = False) -> None:
+        n = end - begin
+        if n <= 0:
+            return
+        d = self.delta
+        d["alloc_total_blocks"][lc] += n
+        d["alloc_new_blocks"][lc] += n
+        if missed:
+            d["missed_blocks"][lc] += n
+        if generation:
+            d["gen_alloc_blocks"][lc] += n
+        self.segments.append([lc, begin, end, missed, generation])
+
+    def subtract_allocation(self, begin: int, end: int) -> None:
+        """Take back the pending allocations of blocks ``[begin, end)``."""
+        d = self.delta
+        kept = []
+        for lc, b, e, missed, generation in self.segments:
+            n = min(e, end) - max(b, begin)
+            if n > 0:
+                d["alloc_total_blocks"][lc] -= n
+                d["alloc_new_blocks"][lc] -= n
+                if missed:
+                    d["missed_blocks"][lc] -= n
+                if generation:
+                    d["gen_alloc_blocks"][lc] -= n
+                if b < begin:
+                    kept.append([lc, b, begin, missed, generation])
+                if e > end:
+                    kept.append([lc, end, e, missed, generation])
+            else:
+                kept.append([lc, b, e, missed, generation])
+        self.segments = kept
+
+    def request(self) -> dict[str, int]:
+        """The per-request delta KVCM2 hands back: summed over life cycles."""
+        return {c: int(self.delta[c].sum()) for c in CUMULATIVE}
+
+    def clear(self) -> None:
+        for v in self.delta.values():
+            v[:] = 0
+        self.by_level[:] = 0
+        self.segments = []
+
+
 class Statistics:
-    def __init__(self, num_life_cycles: int, page_bytes_per_lc: np.ndarray, enabled: bool,
-                 per_page: bool, sampler: Sampler) -> None:
+    """The manager's iteration and cumulative statistics."""
+
+    def __init__(self, num_life_cycles: int, num_levels: int, page_bytes_per_lc: np.ndarray,
+                 enabled: bool, per_page: bool, sampler: Sampler) -> None:
         self.enabled = enabled
         self.per_page = per_page
         self._page_bytes = page_bytes_per_lc.astype(np.int64)
         self._n = num_life_cycles
+        self._levels = num_levels
         self._sampler = sampler
         self.iteration = {c: np.zeros(num_life_cycles, dtype=np.int64) for c in COUNTERS}
         self.cumulative = {c: np.zeros(num_life_cycles, dtype=np.int64) for c in CUMULATIVE}
+        self.iteration_by_level = np.zeros((num_life_cycles, num_levels), dtype=np.int64)
+        self.cumulative_by_level = np.zeros((num_life_cycles, num_levels), dtype=np.int64)
         self.peaks: np.ndarray | None = None  # (L, G, 3) max over samples this iteration
 
-    def _commit(self, delta: dict[str, np.ndarray], counts: WorkCounts,
-                sample: np.ndarray | None = None) -> None:
+    def pending(self) -> PendingStats:
+        return PendingStats(self._n, self._levels)
+
+    def commit(self, delta: dict[str, np.ndarray], counts: WorkCounts,
+               by_level: np.ndarray | None = None, sample: np.ndarray | None = None) -> None:
+        """Add one delta (counters over life cycles) and re-sample the peaks."""
         for name, values in delta.items():
             self.iteration[name] += values
             if name in self.cumulative:
                 self.cumulative[name] += values
+        if by_level is not None:
+            self.iteration_by_level += by_level
+            self.cumulative_by_level += by_level
         if sample is None:
             sample = self._sampler()
         counts.stats_commits += 1
         counts.stats_scan_units += sample.shape[0] * sample.shape[1]
         self.peaks = sample if self.peaks is None else np.maximum(self.peaks, sample)
 
-    def record(self, counts: WorkCounts, **per_lc: np.ndarray) -> None:
-        """Commit one delta of counters (each an array over life cycles)."""
-        if self.enabled:
-            self._commit(per_lc, counts)
+    def commit_pending(self, pending: PendingStats, counts: WorkCounts) -> dict[str, int]:
+        """Publish a cache's pending statistics; returns its per-request delta."""
+        request = pending.request()
+        if self.enabled and not pending.empty:
+            self.commit(pending.delta, counts, pending.by_level)
+        pending.clear()
+        return request
 
     def record_migration(self, kind: str, life_cycles: np.ndarray, counts: WorkCounts) -> None:
         """Record pages (given by their life cycles) moved, copied or dropped as one batch."""
         if not self.enabled or life_cycles.size == 0:
             return
-        blocks_name, bytes_name = MIGRATION_COUNTERS[kind]
         counts.stats_page_records += life_cycles.size
         if self.per_page:
             # Storage does not change inside one batch, so every per-page re-sample would read
@@ -86,20 +196,16 @@ class Statistics:
             # The plan still counts one commit and one full scan per page, as KVCM2 did.
             sample = self._sampler()
             unit = np.eye(self._n, dtype=np.int64)
-            unit_bytes = unit * self._page_bytes
             for lc in life_cycles.tolist():
-                self._commit({blocks_name: unit[lc], bytes_name: unit_bytes[lc]}, counts, sample)
+                self.commit(_migration_delta(kind, unit[lc], self._page_bytes), counts,
+                            sample=sample)
             return
         blocks = np.bincount(life_cycles, minlength=self._n).astype(np.int64)
-        self._commit({blocks_name: blocks, bytes_name: blocks * self._page_bytes}, counts)
+        self.commit(_migration_delta(kind, blocks, self._page_bytes), counts)
 
     def take_iteration(self, level_names: tuple[str, ...]) -> dict:
         """The iteration statistics as plain data; resets them."""
-        out: dict = {
-            "life_cycles": [
-                {c: int(self.iteration[c][lc]) for c in COUNTERS} for lc in range(self._n)
-            ],
-        }
+        out: dict = {"life_cycles": self._rows(self.iteration, COUNTERS, self.iteration_by_level)}
         peaks = self.peaks if self.peaks is not None else self._sampler()
         out["levels"] = [
             [dict(zip(PEAKS, (int(v) for v in peaks[lv, g]))) for g in range(peaks.shape[1])]
@@ -107,12 +213,14 @@ class Statistics:
         ]
         for arr in self.iteration.values():
             arr[:] = 0
+        self.iteration_by_level[:] = 0
         self.peaks = None
         return out
 
     def committed(self) -> dict:
-        return {
-            "life_cycles": [
-                {c: int(self.cumulative[c][lc]) for c in CUMULATIVE} for lc in range(self._n)
-            ]
-        }
+        return {"life_cycles": self._rows(self.cumulative, CUMULATIVE, self.cumulative_by_level)}
+
+    def _rows(self, counters: dict[str, np.ndarray], names: tuple[str, ...],
+              by_level: np.ndarray) -> list[dict]:
+        return [{**{c: int(counters[c][lc]) for c in names},
+                 BY_LEVEL: [int(v) for v in by_level[lc]]} for lc in range(self._n)]

@@ -4,6 +4,16 @@ Making room is split in two so that a failed call changes nothing: :meth:`Storag
 decides every victim of the cascade without touching state (or raises ``OutOfPagesError``), and
 :meth:`Storage.apply_eviction` carries the decided steps out, coldest level first, so each move
 finds its destination slots already free.
+
+Victims of a level go one level colder, which makes room in turn; victims of the last level are
+dropped. When the colder level cannot take them all, the victims no cache holds are dropped
+instead of moved, without being recorded (KVCM2's ``_prepare_free_slots``: only pages held by a
+suspended cache must find room); which of them move is kvsim's choice: the ones latest in
+eviction order (the most valuable) move, the first ones are dropped.
+
+Whether a migration or drop is recorded in the statistics is the caller's to say (``record``):
+KVCM2 records what a cache's own calls cause, not what ``KVCacheManager.resize`` or a prefetch
+causes; and of migrations it records only those leaving or reaching the GPU.
 """
 
 from __future__ import annotations
@@ -25,12 +35,15 @@ from kvsim.manager.stats import Statistics
 
 @dataclass(frozen=True, slots=True)
 class EvictionStep:
-    """Move ``victims`` from ``level`` to ``dst_level``, or drop them when ``dst_level`` is None."""
+    """Move ``victims`` from ``level`` to ``dst_level``, or drop them when ``dst_level`` is None
+    (``overflow``: dropped above the last level because the colder level had no room; never
+    recorded)."""
 
     level: int
     pool_group: int
     victims: np.ndarray
     dst_level: int | None
+    overflow: bool = False
 
 
 class Storage:
@@ -94,8 +107,31 @@ class Storage:
             )
         if level == self.last_level:
             return [EvictionStep(level, group, victims, None)]
-        colder = self.plan_room(level + 1, group, short, plan)
-        return colder + [EvictionStep(level, group, victims, level + 1)]
+        try:
+            colder = self.plan_room(level + 1, group, short, plan)
+            return colder + [EvictionStep(level, group, victims, level + 1)]
+        except OutOfPagesError:
+            pass
+        # The colder level cannot take every victim: those held by a cache must move, the rest
+        # may be dropped. Move as many as the colder level can make room for.
+        held = self.pages.holders[victims] > 0
+        must = int(held.sum())
+        below = self.allocators[level + 1][group]
+        _, colder_evictable, _ = self.index.select(level + 1, group, below.num_slots + 1)
+        for k in range(min(victims.size - 1, below.num_free + colder_evictable), must - 1, -1):
+            try:
+                colder = self.plan_room(level + 1, group, k, plan) if k else []
+            except OutOfPagesError:
+                continue
+            droppable = victims[~held]
+            keep = droppable.size - (k - must)
+            moved = np.concatenate([victims[held], droppable[keep:]])
+            steps = colder + [EvictionStep(level, group, droppable[:keep], None, overflow=True)]
+            return steps + ([EvictionStep(level, group, moved, level + 1)] if moved.size else [])
+        raise OutOfPagesError(
+            f"level {self.layout.level_names[level]!r} pool group {group}: {must} pages held by "
+            f"suspended caches must move to level {self.layout.level_names[level + 1]!r}, "
+            "which has no room for them")
 
     def _check_index(self, level: int, group: int, n: int, victims: np.ndarray | None) -> None:
         scanned = self.evictable_at(level, group)
@@ -106,16 +142,23 @@ class Storage:
                                  f"for {n} victims; a full scan chooses "
                                  f"{None if expected is None else expected.tolist()}")
 
-    def apply_eviction(self, steps: list[EvictionStep], plan: Plan) -> None:
+    def apply_eviction(self, steps: list[EvictionStep], plan: Plan, record: bool) -> None:
+        """Carry out planned steps; ``record``: the statistics count them (a cache's call)."""
+        p = self.pages
         for step in steps:
+            # A dropped full-attention page takes the blocks below it out of the tree, and
+            # their unowned pages are freed with it: skip victims freed by an earlier step.
+            victims = step.victims[p.level[step.victims] == step.level]
             if step.dst_level is None:
-                self.drop(step.victims, plan, kind="drop")
+                self.drop(victims, plan, record and not step.overflow)
             else:
-                self.move(step.victims, step.level, step.dst_level, step.pool_group, plan)
+                self.move(victims, step.level, step.dst_level, step.pool_group, plan, record)
 
     # -- primitive mutations --------------------------------------------------------------------
-    def move(self, ids: np.ndarray, src: int, dst: int, group: int, plan: Plan) -> None:
-        """Migrate pages of one pool group from ``src`` to ``dst`` as one copy batch."""
+    def move(self, ids: np.ndarray, src: int, dst: int, group: int, plan: Plan,
+             record: bool) -> None:
+        """Migrate pages of one pool group from ``src`` to ``dst`` as one copy batch; when
+        ``record``, a move off the GPU counts as offload and one onto it as onboard."""
         if ids.size == 0:
             return
         pages = self.pages
@@ -133,7 +176,7 @@ class Storage:
         c.pages_touched += ids.size
         c.slots_allocated += ids.size
         c.slots_freed += ids.size
-        if self.stats is not None:
+        if self.stats is not None and record and (src == 0) != (dst == 0):
             self.stats.record_migration(batch.kind, pages.life_cycle[ids], c)
 
     def copy_pages(self, src_ids: np.ndarray, dst_ids: np.ndarray, group: int,
@@ -206,14 +249,15 @@ class Storage:
         plan.counts.pages_freed += ids.size
         plan.counts.slots_freed += ids.size
 
-    def drop(self, ids: np.ndarray, plan: Plan, kind: str) -> None:
+    def drop(self, ids: np.ndarray, plan: Plan, record: bool) -> None:
         """Drop committed, unowned pages: the tree forgets them, then their rows are freed.
 
-        ``kind`` "drop" records them as host-dropped in the statistics; "planned" does not.
+        ``record``: count them as host-dropped (KVCM2 counts every last-level drop a cache's
+        call causes as a host drop, whatever the level).
         """
         if ids.size == 0:
             return
-        if self.stats is not None and kind == "drop":
+        if self.stats is not None and record:
             self.stats.record_migration("drop", self.pages.life_cycle[ids], plan.counts)
         if self.on_drop is not None:
             self.on_drop(ids, plan)

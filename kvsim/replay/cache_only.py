@@ -9,22 +9,30 @@ manager's eviction order (least recently used first, leaves before their prefixe
 
 Per request, in trace order:
 
-1. ``create_kv_cache(prompt)``: the cache adopts the reusable prefix, whose length (full blocks
-   only: partial reuse is off) is the request's *reused* tokens;
+1. ``create_kv_cache(prompt)``: the cache adopts the reusable prefix, whose length is the
+   request's *reused* tokens. Partial reuse is off (reuse is counted in blocks, as the paper
+   does), so the prefix is whole blocks, plus the prompt's last, partial block when a stored
+   partial block holds exactly its tokens (KVCM2 finds that one by key);
 2. ``resume()``, ``resize(input_length)``, ``commit(prompt beyond the prefix)``, ``close()``:
-   every full block of the prompt enters the radix tree and stays reusable until evicted.
+   every full block of the prompt enters the radix tree, and ``close()`` commits the partial
+   last block too (KVCM2 does), unless a sibling already holds its tokens; a block that covers a
+   shorter stored partial block replaces it. What entered stays reusable until evicted.
 
-A request needing more blocks than the level has is only probed (``probe_reuse``, read-only): its
+A request needing more slots than the level has is only probed (``probe_reuse``, read-only): its
 prompt counts in the input tokens and its reusable prefix in the reused tokens, but it caches
-nothing and touches nothing (``oversized_requests`` counts them).
+nothing and touches nothing (``oversized_requests`` counts them). Its slots are its blocks, and
+one more when it ends in a partial block: a matched partial block is copied into a private page
+at ``resume()`` while the stored one stays held.
 
 ``hit_rate = reused_tokens / input_tokens``. :func:`max_hit_rate` computes the infinite-cache
-value straight from the hash ids (a trie of id prefixes), without the manager; a replay with a
-capacity of at least every prompt token gives the same figure (the tests check it).
+value straight from the prompts, without the manager (a map of committed block prefixes and the
+same sibling rules); a replay with a capacity of at least every request's slots gives the same
+figure (the tests check it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -54,6 +62,7 @@ def cache_only_config(capacity_tokens: int, tokens_per_block: int = BLOCK_TOKENS
         layers=(LayerConfig(slot_bytes=(page_bytes,)),),
         levels=(LevelConfig("gpu", slots * page_bytes),),
         tokens_per_block=tokens_per_block,
+        partial_reuse=False,  # reuse in blocks (see the module docstring)
         # Sequential requests: the only locked pages are the current request's, which must
         # fit; the 0.97 headroom of a serving engine would only refuse near-full requests.
         max_util_for_resume=1.0,
@@ -112,7 +121,7 @@ def replay_cache(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: i
     for i, req in enumerate(trace.requests):
         prompt = tokens_for(req)
         input_tokens += req.input_length
-        if math.ceil(req.input_length / tpb) > slots:
+        if request_slots(req.input_length, tpb) > slots:
             oversized += 1
             reused_tokens += mgr.probe_reuse(prompt)
             continue
@@ -140,51 +149,55 @@ def replay_cache(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: i
                              oversized, dropped)
 
 
-def max_reuse(trace: MooncakeTrace, tokens_per_block: int = BLOCK_TOKENS) -> tuple[int, int]:
-    """``(reused_tokens, input_tokens)`` of an infinite cache, from the hash ids alone.
+def request_slots(input_length: int, tokens_per_block: int) -> int:
+    """Slots one request needs at most: its blocks, and one for the private copy of a
+    matched partial last block (made at ``resume()`` while the stored block stays held)."""
+    return math.ceil(input_length / tokens_per_block) + (1 if input_length % tokens_per_block else 0)
 
-    A trie over hash-id prefixes remembers, per node (a 512-token block after a given prefix),
-    how many of the block's tokens some earlier request committed (its prompt's full
-    ``tokens_per_block`` blocks only). A request reuses the longest prefix that earlier commits
-    cover, rounded down to whole blocks. Blocks without a hash id are never shared.
+
+def max_reuse(trace: MooncakeTrace, tokens_per_block: int = BLOCK_TOKENS) -> tuple[int, int]:
+    """``(reused_tokens, input_tokens)`` of an infinite cache, without the manager.
+
+    A map from each committed full block's prefix to its block, and per prefix the stored
+    partial blocks below it, with KVCM2's sibling rules (a partial block is stored unless a
+    sibling starts with its tokens; a new block replaces the shorter partial siblings it
+    covers). A request reuses its leading full blocks found in the map and then its partial
+    last block if exactly that one is stored (partial reuse off).
     """
     B = tokens_per_block
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise ConfigError(f"tokens_per_block must be an integer >= 1, got {B!r}")
-    child: dict[tuple[int, int], int] = {}  # (parent node, hash id) -> node; the root is -1
-    covered: list[int] = []  # node -> tokens of its block committed by some earlier request
+    full: set[bytes] = set()  # keys (chained digests) of committed full-block prefixes
+    partials: dict[bytes, list[bytes]] = {}  # prefix key -> partial blocks stored below it
+    fulls: dict[bytes, set[bytes]] = {}  # prefix key -> full blocks below it
     reused = total = 0
+    width = 4 * B
     for req in trace.requests:
-        length = req.input_length
-        total += length
-        matched, parent = 0, -1
-        for k, h in enumerate(req.hash_ids):
-            node = child.get((parent, h))
-            if node is None:
-                break
-            own = min(BLOCK_TOKENS, length - k * BLOCK_TOKENS)
-            t = min(covered[node], own)
-            matched += t
-            if t < BLOCK_TOKENS:
-                break
-            parent = node
-        reused += matched // B * B
-        committed = length // B * B
-        parent = -1
-        for k, h in enumerate(req.hash_ids):
-            mine = max(0, min(BLOCK_TOKENS, committed - k * BLOCK_TOKENS))
-            if mine == 0:
-                break
-            key = (parent, h)
-            node = child.get(key)
-            if node is None:
-                node = child[key] = len(covered)
-                covered.append(mine)
-            elif mine > covered[node]:
-                covered[node] = mine
-            if mine < BLOCK_TOKENS:
-                break
-            parent = node
+        raw = tokens_for(req).astype("<u4").tobytes()
+        n_full, tail = divmod(len(raw), width)
+        total += req.input_length
+        keys = [b""]
+        for b in range(n_full):
+            keys.append(hashlib.sha256(keys[-1] + raw[b * width:(b + 1) * width]).digest())
+        k = 0
+        while k < n_full and keys[k + 1] in full:
+            k += 1
+        matched = k * B
+        last = raw[n_full * width:]
+        if k == n_full and tail and last in partials.get(keys[k], ()):
+            matched += tail // 4
+        reused += matched
+        for b in range(n_full):  # commit the full blocks
+            if keys[b + 1] not in full:
+                block = raw[b * width:(b + 1) * width]
+                full.add(keys[b + 1])
+                fulls.setdefault(keys[b], set()).add(block)
+                if keys[b] in partials:
+                    partials[keys[b]] = [s for s in partials[keys[b]] if not block.startswith(s)]
+        if tail:  # close() commits the partial last block
+            stored = partials.setdefault(keys[n_full], [])
+            if not any(s.startswith(last) for s in (*stored, *fulls.get(keys[n_full], ()))):
+                stored[:] = [s for s in stored if not last.startswith(s)] + [last]
     return reused, total
 
 

@@ -52,6 +52,11 @@ class Api(Enum):
     COMMIT = ("KvCache.commit", EXCLUSIVE)
     STOP_COMMITTING = ("KvCache.stop_committing", EXCLUSIVE)
     PLAN_COMMITTED_BLOCK_DROP = ("KvCache.plan_committed_block_drop", EXCLUSIVE)
+    PREFETCH = ("KvCache.prefetch", EXCLUSIVE)  # prefetch(cache_level)
+    # Publishing a cache's statistics writes the manager's; taken exclusive, like every call
+    # that writes what caches share.
+    COMMIT_PENDING_STATS = ("KvCache.commit_pending_stats", EXCLUSIVE)
+    DISCARD_PENDING_STATS = ("KvCache.discard_pending_stats", EXCLUSIVE)
     STATUS = ("KvCache.status", NONE)
     CAPACITY = ("KvCache.capacity", NONE)
     HISTORY_LENGTH = ("KvCache.history_length", NONE)

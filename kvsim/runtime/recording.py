@@ -26,6 +26,7 @@ API_TO_OP = {
     Api.CAPACITY_SETTER: "resize",
     Api.COMMIT: "commit",
     Api.STOP_COMMITTING: "stop_committing",
+    Api.COMMIT_PENDING_STATS: "commit_pending_stats",
 }
 NEEDS_TOKENS = {"commit", "probe_reuse"}
 

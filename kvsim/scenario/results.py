@@ -56,8 +56,14 @@ def common(scenario: Scenario, manager: KVCacheManager, records: list[dict],
     """The keys every executor's results have."""
     growth = [r for r in records if r["phase"] == "growth"]
     committed = manager.get_committed_stats()["life_cycles"]
-    reused = sum(lc["reused_blocks"] for lc in committed)
-    missed = sum(lc["missed_blocks"] for lc in committed)
+    # What caches still open have not published yet counts too (KVCM2 keeps reuse and
+    # allocation statistics pending in each cache until it commits them).
+    pending = [c.pending_stats for c in manager.open_caches()]
+    reused = sum(lc["reused_blocks"] for lc in committed) + sum(p["reused_blocks"] for p in pending)
+    missed = sum(lc["missed_blocks"] for lc in committed) + sum(p["missed_blocks"] for p in pending)
+    by_level = [sum(lc["reused_blocks_by_level"][lv] for lc in committed)
+                + sum(p["reused_blocks_by_level"][lv] for p in pending)
+                for lv in range(len(manager.layout.level_names))]
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "scenario": {"name": scenario.name, "file": scenario.source_file, "seed": scenario.seed,
@@ -70,7 +76,8 @@ def common(scenario: Scenario, manager: KVCacheManager, records: list[dict],
         "onboard": {"pages": sum(r["onboarded_pages"] for r in records),
                     "bytes": sum(r["onboarded_bytes"] for r in records)},
         "reuse": {"reused_blocks": reused, "missed_blocks": missed,
-                  "hit_rate": reused / (reused + missed) if reused + missed else None},
+                  "hit_rate": reused / (reused + missed) if reused + missed else None,
+                  "reused_blocks_by_level": dict(zip(manager.layout.level_names, by_level))},
         "violations": violations,
         "levels": list(manager.layout.level_names),
         "calls": records,

@@ -48,12 +48,12 @@ Schema (``*`` = required)::
         name*: str
         quota_bytes*: bytes         # an integer or a string such as "128 MiB"; at least one
                                     # page and at most 2**27 pages of each pool group
-      max_util_for_resume: float in (0, 1]
-      partial_reuse: bool
+      max_util_for_resume: float in (0, 1]   # default 0.97 (KVCM2's)
+      partial_reuse: bool                   # default true (KVCM2's)
+      reuse_match_backoff: int >= 0         # tokens cut off every match (default 0)
       enable_stats: bool
       stats_commit: per_batch | per_page
       default_priority: int in [0, 100]
-      reuse_scopes: [scope, ...]    # declared reuse scopes (default [0])
       probe_drains_root_erasures: bool   # the pre-fix bug (probe mutates under a shared lock)
     workload*:
       kind*: burst_resize | concurrent_probe
@@ -207,11 +207,10 @@ class ManagerSpec:
     tokens_per_block: IntRange(1, MAX_TOKENS_PER_BLOCK) = _DEFAULT["tokens_per_block"]
     max_util_for_resume: FloatRange(0.0, 1.0, lo_open=True) = _DEFAULT["max_util_for_resume"]
     partial_reuse: Bool = _DEFAULT["partial_reuse"]
+    reuse_match_backoff: IntRange(0, MAX_SEQUENCE_TOKENS) = _DEFAULT["reuse_match_backoff"]
     enable_stats: Bool = _DEFAULT["enable_stats"]
     stats_commit: OneOf("per_batch", "per_page") = _DEFAULT["stats_commit"]
     default_priority: IntRange(0, 100) = _DEFAULT["default_priority"]
-    reuse_scopes: NonEmpty(Scope, most=4096, what="list of integers or strings") \
-        = _DEFAULT["reuse_scopes"]
     # The pre-fix bug: probe_reuse drains the root-erase queue under a shared lock.
     probe_drains_root_erasures: Bool = _DEFAULT["probe_drains_root_erasures"]
 
@@ -323,9 +322,6 @@ def _manager_config(spec: ManagerSpec, source: Source) -> ManagerConfig:
         if not name or name in names[:i]:
             raise source.error(where + ("levels",),
                                f"level names must be unique and non-empty, got {names}")
-    if len(set(spec.reuse_scopes)) != len(spec.reuse_scopes):
-        raise source.error(where + ("reuse_scopes",),
-                           f"scopes must be unique, got {list(spec.reuse_scopes)}")
     options = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
                if f.name not in ("layers", "levels")}
     try:
@@ -413,10 +409,6 @@ def _check_burst(source: Source, path: PathKey, config: ManagerConfig,
 
 def _check_workload(source: Source, config: ManagerConfig, workload: Any) -> None:
     """Rules that need both the manager configuration and the workload."""
-    if 0 not in config.reuse_scopes and not isinstance(workload, OpTraceWorkload):
-        raise source.error(("manager", "reuse_scopes"),
-                           f"the {workload.kind} workload uses reuse scope 0, which "
-                           f"{list(config.reuse_scopes)} does not declare")
     if isinstance(workload, BurstResizeWorkload):
         _check_burst(source, ("workload",), config, workload)
     elif isinstance(workload, ConcurrentProbeWorkload):  # seed_concurrency is one too

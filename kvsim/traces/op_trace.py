@@ -14,7 +14,8 @@ Keys (``*`` = required):
     non-empty string: the client thread issuing the call; each thread replays in file order.
 ``op``\\*
     one of ``create_kv_cache``, ``resume``, ``suspend``, ``close``, ``resize``, ``commit``,
-    ``stop_committing``, ``probe_reuse``, ``get_and_reset_iteration_stats``.
+    ``stop_committing``, ``commit_pending_stats``, ``probe_reuse``,
+    ``get_and_reset_iteration_stats``.
 ``cache``
     non-empty string naming a KV cache; required by every cache op and by ``create_kv_cache``
     (it becomes the manager's ``cache_id``), not allowed on the others. A cache op on an id that
@@ -33,7 +34,7 @@ Keys (``*`` = required):
     ``resize`` only: capacity (required) and history (optional) in tokens, ints in [0, 2**26].
 ``scope``
     ``create_kv_cache`` and ``probe_reuse`` only: the reuse scope (int or string; default the
-    manager's, 0).
+    default scope, KVCM2's ``ReuseScope()``).
 ``ok``, ``result``, ``error``, ``duration_s``
     optional, what a recorded run observed (``ok`` bool, ``result`` bool/int/null, ``error``
     string, ``duration_s`` number >= 0). Kept by the parser and written back by the writer, ignored
@@ -71,8 +72,9 @@ from kvsim.traces import (
 from kvsim.validation import Bool, FloatRange, Int, IntRange, OneOf, Str, dotted, schema, validate
 
 OPS = ("create_kv_cache", "resume", "suspend", "close", "resize", "commit", "stop_committing",
-       "probe_reuse", "get_and_reset_iteration_stats")
-CACHE_OPS = ("create_kv_cache", "resume", "suspend", "close", "resize", "commit", "stop_committing")
+       "commit_pending_stats", "probe_reuse", "get_and_reset_iteration_stats")
+CACHE_OPS = ("create_kv_cache", "resume", "suspend", "close", "resize", "commit", "stop_committing",
+             "commit_pending_stats")
 TOKEN_OPS = ("create_kv_cache", "commit", "probe_reuse")  # may carry tokens
 TOKENS_REQUIRED = ("commit", "probe_reuse")
 SCOPE_OPS = ("create_kv_cache", "probe_reuse")

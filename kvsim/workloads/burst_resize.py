@@ -51,7 +51,8 @@ def _fill_tokens(config: ManagerConfig, manager: KVCacheManager, fraction: float
 def _lifetime(manager: KVCacheManager, handle: dict[str, KvCache], phase: str, cache_id: str,
               capacity: int, history: int | None, tokens: np.ndarray | None,
               close: bool) -> Iterator[Call]:
-    """create -> resume [-> resize] [-> commit] [-> close] for one request; ``handle["c"]``."""
+    """create -> resume [-> resize] [-> commit] [-> commit_pending_stats -> close] for one
+    request; ``handle["c"]``."""
 
     def create() -> Outcome:
         outcome = manager.create_kv_cache.with_plan(cache_id=cache_id)
@@ -68,6 +69,9 @@ def _lifetime(manager: KVCacheManager, handle: dict[str, KvCache], phase: str, c
         yield Call(phase, Api.COMMIT, {"cache_id": cache_id, "tokens": int(tokens.size)},
                    lambda: handle["c"].commit.with_plan(tokens), tokens)
     if close:
+        # close() drops statistics not yet published, as in KVCM2: publish them first.
+        yield Call(phase, Api.COMMIT_PENDING_STATS, {"cache_id": cache_id},
+                   lambda: handle["c"].commit_pending_stats.with_plan())
         yield Call(phase, Api.CLOSE, {"cache_id": cache_id}, lambda: handle["c"].close.with_plan())
 
 

@@ -5,13 +5,16 @@ time_scale)``:
 
 1. [arrival] ``probe_reuse(prompt)`` -- what the router would ask (``probe_on_arrival``);
 2. [prefill] ``create_kv_cache(prompt)`` (adopts the reusable prefix), ``resume()``,
-   ``resize(capacity = input + output, history_length = input)``, optionally a prefill delay of
-   ``prefill_token_interval_us`` per new token, then ``commit`` of the prompt tokens beyond the
-   matched prefix;
+   ``resize(capacity = input, history_length = input)``, optionally a prefill delay of
+   ``prefill_token_interval_us`` per new token, ``commit`` of the prompt tokens beyond the
+   matched prefix, ``resize(capacity = input + output)`` (the output's room: KVCM2 counts these
+   blocks as generation allocations, the prompt's as misses), then ``commit_pending_stats()``;
 3. [decode] ``output_length`` generated tokens in steps of ``decode_step_tokens``: each step
    sleeps ``decode_token_interval_us`` per token, then (if ``decode_resize``) ``resize(capacity,
    history_length = tokens so far)`` and ``commit`` of the step's tokens;
-4. [finish] ``suspend()``, ``close()``.
+4. [finish] ``commit_pending_stats()``, ``suspend()``, ``close()``. (KVCM2's own engine
+   publishes each scheduled request's statistics every iteration; twice per request is enough
+   for the totals, and a request that fails later loses only its decode figures.)
 
 A ``resume`` or ``resize`` that returns False (out of pages, GPU too full to resume) or raises is
 recorded by the executor as a failed call; the request then closes its cache and ends (counted
@@ -147,8 +150,8 @@ class _Replay:
             return
         capacity = req.input_length + req.output_length
         history = req.input_length
-        yield Call("prefill", Api.RESIZE, base | {"capacity": capacity, "history_length": history},
-                   keep("resize", lambda: cache.resize.with_plan(capacity, history)))
+        yield Call("prefill", Api.RESIZE, base | {"capacity": history, "history_length": history},
+                   keep("resize", lambda: cache.resize.with_plan(history, history)))
         if out.get("resize") is not True:
             stats.fail("resize_failed", req.index)
             yield Call("prefill", Api.CLOSE, base, cache.close.with_plan)
@@ -159,6 +162,14 @@ class _Replay:
         if new.size:
             yield Call("prefill", Api.COMMIT, base | {"tokens": int(new.size)},
                        lambda: cache.commit.with_plan(new))
+        if capacity > history:
+            yield Call("prefill", Api.RESIZE, base | {"capacity": capacity},
+                       keep("resize", lambda: cache.resize.with_plan(capacity)))
+            if out.get("resize") is not True:
+                stats.fail("resize_failed", req.index)
+                yield Call("prefill", Api.CLOSE, base, cache.close.with_plan)
+                return
+        yield Call("prefill", Api.COMMIT_PENDING_STATS, base, cache.commit_pending_stats.with_plan)
         generated = output_tokens_for(req) if req.output_length else None
         done = 0
         step = spec.decode_step_tokens
@@ -180,6 +191,7 @@ class _Replay:
 
             yield Call("decode", Api.COMMIT, base | {"tokens": k}, commit)
             done += k
+        yield Call("finish", Api.COMMIT_PENDING_STATS, base, cache.commit_pending_stats.with_plan)
         yield Call("finish", Api.SUSPEND, base, cache.suspend.with_plan)
         yield Call("finish", Api.CLOSE, base, cache.close.with_plan)
         stats.add(completed=1)

@@ -33,6 +33,7 @@ OP_TO_API = {
     "resize": Api.RESIZE,
     "commit": Api.COMMIT,
     "stop_committing": Api.STOP_COMMITTING,
+    "commit_pending_stats": Api.COMMIT_PENDING_STATS,
     "probe_reuse": Api.PROBE_REUSE,
     "get_and_reset_iteration_stats": Api.GET_AND_RESET_ITERATION_STATS,
 }
@@ -85,7 +86,7 @@ class _Replay:
             return lambda: self._cache(op).resize.with_plan(op.capacity, op.history_length)
         if name == "commit":
             return lambda: self._cache(op).commit.with_plan(op.token_array())
-        method = name  # resume, suspend, close, stop_committing
+        method = name  # resume, suspend, close, stop_committing, commit_pending_stats
         return lambda: getattr(self._cache(op), method).with_plan()
 
     def call(self, op: TraceOp) -> Call:

@@ -358,9 +358,8 @@ class KvCache:
     def plan_committed_block_drop(self, plan: Plan) -> PlannedDrop | None:
         """Plan to drop the committed pages of sliding-window life cycles' current windows.
 
-        Needs ``stop_committing()`` first. Returns None when nothing is committed, the tree no
-        longer holds this cache's pages, or a match would not reach the committed tokens (any
-        ``reuse_match_backoff``).
+        Needs ``stop_committing()`` first. Returns None when nothing is committed or the tree no
+        longer holds this cache's pages.
         """
         if not self._stopped_committing:
             raise InvalidStateError(
@@ -773,7 +772,7 @@ class KvCache:
         tpb = m.layout.tokens_per_block
         p = m.storage.pages
         n_tokens = int(self._tokens.size)
-        if n_tokens == 0 or m.config.reuse_match_backoff:
+        if n_tokens == 0:
             return None
         nodes, hashed, _ = m.tree.walk(self.scope, self._tokens)
         plan.counts.blocks_hashed += hashed

@@ -20,10 +20,6 @@ class InvalidArgumentError(KvsimError, ValueError):
     """An API argument breaks the call's contract (negative size, shrinking history, ...)."""
 
 
-class UnknownScopeError(InvalidArgumentError):
-    """A reuse scope that the manager's configuration does not declare."""
-
-
 class InvalidStateError(KvsimError, RuntimeError):
     """The call is not allowed in the current state (resize on a SUSPENDED cache, ...)."""
 

@@ -417,10 +417,10 @@ def test_op_trace_through_the_sim_executor_records_failed_calls(tmp_path):
     wl = op_workload.workload(mgr.config, op_workload.OpTraceWorkload(str(path)), mgr, seed=0)
     run = SimExecutor(mgr, load_hardware("h200-sxm"), load_cpu_model("kvcm2-cpp")).run(
         wl.make_threads())
-    assert len(run.calls) == 17
+    assert len(run.calls) == 19
     failed = [c for c in run.calls if not c.ok]
-    assert [c.args["line"] for c in failed] == [17]
-    assert "UnknownCacheError" in failed[0].error and f"{path}:17: resume" in failed[0].error
+    assert [c.args["line"] for c in failed] == [19]
+    assert "UnknownCacheError" in failed[0].error and f"{path}:19: resume" in failed[0].error
     probes = [c for c in run.calls if c.api == "KVCacheManager.probe_reuse"]
     assert probes[0].start >= 0.001 - 1e-12
     assert mgr.num_open_caches == 0

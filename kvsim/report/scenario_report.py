@@ -233,6 +233,7 @@ def write_report(results: dict, out_dir: Path) -> None:
         f"by the growth phase: {results['offload']['growth_pages']} "
         f"({results['offload']['growth_bytes']:,} bytes)",
         f"* pages onboarded: {results['onboard']['pages']}",
+        *_reuse_line(results.get("reuse")),
         f"* invariant violations: {len(results['violations'])}; deadlocks and lock hazards: "
         f"{len(results['deadlocks'])}",
         "",
@@ -297,3 +298,13 @@ def write_report(results: dict, out_dir: Path) -> None:
         lines += [f"* call {v['index']} `{v['api']}`: {v['problem']}" for v in results["violations"][:50]]
         lines.append("")
     (out_dir / "report.md").write_text("\n".join(lines))
+
+
+def _reuse_line(reuse: dict | None) -> list[str]:
+    """Blocks reused and missed (KVCM2's definitions), and where the reused ones were found."""
+    if not reuse or not (reuse["reused_blocks"] or reuse["missed_blocks"]):
+        return []
+    rate = reuse["hit_rate"]
+    levels = ", ".join(f"{name} {n}" for name, n in reuse.get("reused_blocks_by_level", {}).items())
+    return [f"* blocks reused: {reuse['reused_blocks']:,}, missed: {reuse['missed_blocks']:,} "
+            f"(hit rate {rate:.1%}); reused blocks found on: {levels}"]

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 import pytest
-from kvcm2_setup import MiB, prepare, toks
+from kvcm2_setup import MiB, layers, prepare, toks
 
 from kvsim.errors import CachesStillOpenError, ConfigError, OutOfPagesError
 from kvsim.manager import CacheStatus, KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
@@ -415,17 +415,19 @@ def test_guard_counts_only_open_caches():
 
 # -- TestBatching, TestDisagg, TestDisaggregatedServing ----------------------------------------------
 
-def test_inflight_batching():
-    """KVCM2 ``...::TestBatching::test_inflight_batching[100, 100, 128, False, 1, 128]``: 100
-    requests (prompt and decode lengths uniform in [0.6, 1.4] x 100) on a 128 MB GPU and a 4 GiB
-    host, 36 layers with window 128, tokens_per_block 128, no reuse. Each step, as KVCM2's
+@pytest.mark.parametrize("interval, tokens_per_block", [(1, 128), (4, 64)])
+def test_inflight_batching(interval, tokens_per_block):
+    """KVCM2 ``...::TestBatching::test_inflight_batching[100, 100, 128, False, 1, 128]`` and
+    ``[100, 100, 128, False, 4, 64]``: 100 requests (prompt and decode lengths uniform in [0.6,
+    1.4] x 100) on a 128 MB GPU and a 4 GiB host, 36 layers with window 128, no reuse, the
+    decode growing by ``interval`` tokens a step. Each step, as KVCM2's
     update_batch: the batch's inputs become history (history_length raised, nothing committed),
     finished requests close, the others get their next token and grow (the batch's last request
     suspended while one does not fit), then suspended or new requests are resumed (committing
     stopped) and grown until one does not fit. Every request finishes: the batch is never empty
     while work remains (no deadlock, no livelock)."""
     rng = np.random.default_rng(0)
-    mgr = prepare(128 * MB, 4096 * MB, 0, 36, 128, 0, tokens_per_block=128)
+    mgr = prepare(128 * MB, 4096 * MB, 0, 36, 128, 0, tokens_per_block=tokens_per_block)
     num_requests = 100
 
     def gen_length() -> int:
@@ -446,7 +448,7 @@ def test_inflight_batching():
             s[0].close()
             finished += 1
         for s in batch:
-            s[2] = min(1, s[3] - s[1])
+            s[2] = min(interval, s[3] - s[1])
         i = 0
         while i < len(batch):
             s = batch[i]
@@ -499,25 +501,41 @@ def test_disagg():
     kv.close()
 
 
-def test_disaggregated_serving():
-    """KVCM2 ``...::TestDisaggregatedServing::test_disaggregated_serving[(1, 1, 1, 1)]`` (the
-    API-visible part): the prefill side (capacity 185, then history 185, after stop_committing)
-    and the decode side (resize(185, 185)) both hold 5 window pages (blocks 1..5) and 6
-    full-attention ones: with committing stopped, raising the history releases the out-of-window
-    block instead of holding it for a commit."""
+@pytest.mark.parametrize("prefill_pp, prefill_tp, decode_pp, decode_tp",
+                         [(1, 1, 1, 1), (1, 2, 1, 1), (1, 1, 1, 2), (2, 1, 1, 1), (1, 1, 2, 1)])
+def test_disaggregated_serving(prefill_pp, prefill_tp, decode_pp, decode_tp):
+    """KVCM2 ``...::TestDisaggregatedServing::test_disaggregated_serving[(pp, tp) of each side]``
+    (the API-visible part; the page transfer is not modelled): each node a manager over its
+    pipeline stage's layers (4 layers, window 128, split by pp) with buffers divided by tp and the
+    quotas by the node count. The prefill nodes (capacity 185, then history 185, after
+    stop_committing) and the decode nodes (resize(185, 185)) all hold 5 window pages (blocks
+    1..5) and 6 full-attention ones: with committing stopped, raising the history releases the
+    out-of-window block instead of holding it for a commit."""
     counts = []
-    for side in ("prefill", "decode"):
-        mgr = prepare(128 * MB, 128 * MB, 0, 4, 128, 0)
-        kv = mgr.create_kv_cache()
-        assert kv.resume()
-        kv.stop_committing()
-        if side == "prefill":
-            kv.capacity = 185
-            kv.history_length = 185
-        else:
-            assert kv.resize(185, 185)
-        counts.append([np.flatnonzero(kv.page_ids(lc) >= 0).tolist() for lc in range(2)])
-    assert counts[0] == counts[1] == [[1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]]
+    for side, pp, tp in (("prefill", prefill_pp, prefill_tp), ("decode", decode_pp, decode_tp)):
+        all_layers = layers(4, 128, 0, 8192)
+        per_stage = len(all_layers) // pp
+        for stage in range(pp):
+            stage_layers = tuple(LayerConfig(tuple(b // tp for b in layer.slot_bytes),
+                                             layer.window_tokens, layer.sink_tokens)
+                                 for layer in all_layers[stage * per_stage:(stage + 1) * per_stage])
+            for _ in range(tp):
+                nodes = pp * tp
+                mgr = KVCacheManager(ManagerConfig(
+                    layers=stage_layers, tokens_per_block=32,
+                    levels=(LevelConfig("gpu", 128 * MB // nodes),
+                            LevelConfig("host", 128 * MB // nodes))))
+                kv = mgr.create_kv_cache()
+                assert kv.resume()
+                kv.stop_committing()
+                if side == "prefill":
+                    kv.capacity = 185
+                    kv.history_length = 185
+                else:
+                    assert kv.resize(185, 185)
+                counts.append([np.flatnonzero(kv.page_ids(lc) >= 0).tolist()
+                               for lc in range(mgr.layout.num_life_cycles)])
+    assert counts and all(c == [[1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 5]] for c in counts), counts
 
 
 # -- TestComplexModels, TestResizeQuota --------------------------------------------------------------
@@ -786,3 +804,20 @@ def test_exact_boundary_ignores_stale_last_block_partial_coverage():
     assert run_turn(mgr, BASE) == 0
     assert run_turn(mgr, boundary) == 80
     assert mgr.probe_reuse(boundary) == 96
+
+
+# -- TestBlockKeyHashing -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n", [0, 1, 7, 32, 33, 257])
+def test_update_int_block_matches_reference(n):
+    """KVCM2 ``...::TestBlockKeyHashing::test_update_int_block_matches_reference``: a block's key
+    is SHA-256 of the seed followed by each token id as 4 little-endian bytes (blocks of 0, 1, 7,
+    32, 33, 257 random ids below 2**31, seed aa bb cc); kvsim's block key is the same digest."""
+    import hashlib
+
+    from kvsim.manager.radix_tree import block_key
+
+    ids = np.random.default_rng(n).integers(0, 2**31, size=n)
+    seed = bytes.fromhex("aabbcc")
+    reference = hashlib.sha256(seed + b"".join(int(t).to_bytes(4, "little") for t in ids))
+    assert block_key(seed, ids) == reference.digest()

@@ -24,7 +24,7 @@ from kvsim.workloads import mooncake as mooncake_workload
 REPO = Path(__file__).resolve().parents[1]
 HANDMADE = REPO / "scenarios" / "traces" / "mooncake_handmade.jsonl"
 SAMPLE = REPO / "scenarios" / "traces" / "mooncake_sample.jsonl"
-REAL_TRACE = REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+REAL_TRACE = REPO / "data" / "mooncake" / "mooncake_synthetic_trace.jsonl"
 
 # The hand-made trace (512-token blocks; a cache of 2048 tokens = 4 blocks), worked by hand:
 #   r0 [1,2]  1024: nothing cached, reuses 0.          cache: 1, 1-2
@@ -257,8 +257,6 @@ def test_cli_rejects_bad_capacities(capsys):
 
 def test_real_trace_paper_claim_at_3m_tokens():
     """Mooncake Fig. 9: with 3M tokens the LRU hit rate is under half the infinite-cache maximum."""
-    if not REAL_TRACE.exists():
-        pytest.skip(f"{REAL_TRACE} is not present (CI puts it in ../shared/traces/)")
     trace = load_mooncake(REAL_TRACE)
     best = max_hit_rate(trace)
     at_3m = replay_cache(trace, 3_000_000)

@@ -32,7 +32,7 @@ from kvsim.workloads import op_trace as op_workload
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "scenarios" / "traces"
-REAL_TRACE = REPO.parent / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+REAL_TRACE = REPO / "data" / "mooncake" / "mooncake_synthetic_trace.jsonl"
 
 
 def req(ts: float = 0, inp: int = 1024, out: int = 4, ids=(1, 2)) -> str:
@@ -201,8 +201,6 @@ def test_sample_traces_load():
 
 
 def test_real_trace_loads_fast_and_whole():
-    if not REAL_TRACE.exists():
-        pytest.skip(f"{REAL_TRACE} is not present (CI puts it in ../shared/traces/)")
     import time
 
     t0 = time.perf_counter()

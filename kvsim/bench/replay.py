@@ -27,7 +27,9 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_TRACE = "../shared/traces/mooncake_synthetic_trace.jsonl"
+# the Mooncake synthetic trace shipped in the repository (data/mooncake/README.md)
+DEFAULT_TRACE = str(Path(__file__).resolve().parents[2] / "data" / "mooncake" /
+                    "mooncake_synthetic_trace.jsonl")
 TIMED_TOKENS_PER_BLOCK = 32
 TIMED_GPU_TOKENS = 3_000_000
 TIMED_HOST_TOKENS = 10_000_000
@@ -39,13 +41,28 @@ def _machine() -> dict:
             "processor": platform.machine()}
 
 
+def peak_rss_mib() -> float:
+    """The process's peak resident memory so far (getrusage; KiB on Linux): run one benchmark
+    per process to read its own peak."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def load(trace_path: str, tile: int = 1, span_s: float | None = None):
+    """The trace, or ``tile`` copies of it over ``span_s`` seconds (:func:`tiled`)."""
+    from kvsim.traces.mooncake import load_mooncake, tiled
+
+    trace = load_mooncake(trace_path)
+    return trace if tile == 1 else tiled(trace, tile, span_s or 1.024 * tile * 1000)
+
+
 def cache_only(trace_path: str, capacity_tokens: int = 3_000_000, tokens_per_block: int = 512,
-               runs: int = 1) -> dict:
+               runs: int = 1, tile: int = 1, span_s: float | None = None) -> dict:
     from kvsim.replay.cache_only import max_hit_rate, replay_cache
-    from kvsim.traces.mooncake import load_mooncake
 
     t0 = time.perf_counter()
-    trace = load_mooncake(trace_path)
+    trace = load(trace_path, tile, span_s)
     load_s = time.perf_counter() - t0
     walls, cpus = [], []
     result = None
@@ -60,7 +77,7 @@ def cache_only(trace_path: str, capacity_tokens: int = 3_000_000, tokens_per_blo
     calls = 5 * (result.requests - result.oversized_requests) + result.oversized_requests
     return {
         "benchmark": "replay_cache_only",
-        "trace": trace_path,
+        "trace": trace.path,
         "timing": f"perf_counter around replay_cache, median of {runs}",
         "capacity_tokens": capacity_tokens,
         "tokens_per_block": tokens_per_block,
@@ -76,6 +93,7 @@ def cache_only(trace_path: str, capacity_tokens: int = 3_000_000, tokens_per_blo
         "requests_per_s": result.requests / wall,
         "blocks_per_s": blocks / wall,
         "calls_per_s": calls / wall,
+        "peak_rss_mib": peak_rss_mib(),
         "machine": _machine(),
     }
 
@@ -96,15 +114,14 @@ def timed_config(tokens_per_block: int = TIMED_TOKENS_PER_BLOCK, enable_stats: b
 def timed(trace_path: str, max_requests: int | None = None, client_threads: int | None = None,
           decode_step_tokens: int = 32, check: bool = False, hardware: str = "h200-sxm",
           cpu_model: str = "kvcm2-cpp", enable_stats: bool = True,
-          probe_on_arrival: bool = True) -> dict:
+          probe_on_arrival: bool = True, tile: int = 1, span_s: float | None = None) -> dict:
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
     from kvsim.model.cpu_cost import load_cpu_model
     from kvsim.sim.executor import SimExecutor, SimOptions
-    from kvsim.traces.mooncake import load_mooncake
     from kvsim.workloads.mooncake import MooncakeReplayWorkload, build
 
-    trace = load_mooncake(trace_path)
+    trace = load(trace_path, tile, span_s)
     config = timed_config(enable_stats=enable_stats)
     manager = KVCacheManager(config)
     spec = MooncakeReplayWorkload(trace=trace_path, max_requests=max_requests,
@@ -121,7 +138,7 @@ def timed(trace_path: str, max_requests: int | None = None, client_threads: int 
     failed = sum(1 for c in run.calls if not c.ok)
     return {
         "benchmark": "replay_timed_sim",
-        "trace": trace_path,
+        "trace": trace.path,
         "timing": "perf_counter around SimExecutor.run (threads, manager calls, SimPy)",
         "tokens_per_block": config.tokens_per_block,
         "gpu_tokens": TIMED_GPU_TOKENS, "host_tokens": TIMED_HOST_TOKENS,
@@ -143,6 +160,8 @@ def timed(trace_path: str, max_requests: int | None = None, client_threads: int 
         "requests_per_s": stats.requests / wall,
         "calls_per_s": len(run.calls) / wall,
         "events_per_s": run.events_processed / wall,
+        "sim_s_per_cpu_s": run.end_time / cpu if cpu else None,
+        "peak_rss_mib": peak_rss_mib(),
         "machine": _machine(),
     }
 
@@ -164,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="timed replay: manager statistics off (enable_stats=False)")
     p.add_argument("--no-probe", action="store_true",
                    help="timed replay: no probe_reuse on arrival")
+    p.add_argument("--tile", type=int, default=1,
+                   help="replay N back-to-back copies of the trace (new hash ids each)")
+    p.add_argument("--span-s", type=float,
+                   help="with --tile: seconds the copies span in all (3 copies over 3600: the "
+                        "one-hour, 11,979-request trace)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not Path(args.trace).exists():
@@ -171,11 +195,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = []
     if not args.timed_only:
-        out.append(cache_only(args.trace, args.capacity_tokens, args.tokens_per_block, args.runs))
+        out.append(cache_only(args.trace, args.capacity_tokens, args.tokens_per_block, args.runs,
+                              args.tile, args.span_s))
     if args.timed or args.timed_only:
         out.append(timed(args.trace, args.max_requests, args.client_threads,
                          args.decode_step_tokens, args.check,
-                         enable_stats=not args.no_stats, probe_on_arrival=not args.no_probe))
+                         enable_stats=not args.no_stats, probe_on_arrival=not args.no_probe,
+                         tile=args.tile, span_s=args.span_s))
     for result in out:
         if args.json:
             print(json.dumps(result, sort_keys=True))

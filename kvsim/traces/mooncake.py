@@ -133,6 +133,26 @@ class _Parser:
         return request
 
 
+def tiled(trace: MooncakeTrace, copies: int, span_s: float) -> MooncakeTrace:
+    """``copies`` back-to-back copies of ``trace`` stretched over ``span_s`` seconds in all: a
+    longer trace of the same statistics (the benchmarks' one-hour trace: 3 copies of the 1,024 s
+    synthetic trace over 3,600 s is 11,979 requests). Each copy's arrivals are scaled to
+    ``span_s / copies`` and its hash ids offset past the previous copy's, so copies share no
+    blocks (new users, not repeated prompts); within a copy reuse is as in the original."""
+    reqs = trace.requests
+    if copies < 1 or not reqs:
+        raise ValueError(f"need copies >= 1 and a non-empty trace, got {copies}, {len(reqs)}")
+    last_ms = max(r.timestamp_ms for r in reqs) or 1.0
+    each_ms = span_s * 1000.0 / copies
+    id_span = 1 + max((max(r.hash_ids) for r in reqs if r.hash_ids), default=0)
+    out = [MooncakeRequest(k * len(reqs) + r.index, r.line,
+                           k * each_ms + r.timestamp_ms * each_ms / last_ms, r.input_length,
+                           r.output_length, tuple(h + k * id_span for h in r.hash_ids))
+           for k in range(copies) for r in reqs]
+    return MooncakeTrace(f"{trace.path} x{copies} over {span_s:g} s", tuple(out),
+                         trace.num_lines * copies, 0, ())
+
+
 def load_mooncake(path: str | Path, skip_bad_lines: bool = False) -> MooncakeTrace:
     """Load and validate a Mooncake JSONL trace; raises :class:`kvsim.traces.TraceError`."""
     read: JsonlRead = read_jsonl(path, _Parser(), skip_bad_lines, what="requests")

@@ -8,6 +8,7 @@ pool group.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -185,6 +186,10 @@ class StorageLayout:
     @property
     def num_pool_groups(self) -> int:
         return len(self.pool_groups)
+
+    @functools.cached_property
+    def sliding_life_cycles(self) -> tuple[LifeCycle, ...]:
+        return tuple(lc for lc in self.life_cycles if lc.is_sliding)
 
     def page_bytes_of_life_cycle(self, lc: int) -> int:
         return self.pool_groups[self.life_cycles[lc].pool_group].page_bytes

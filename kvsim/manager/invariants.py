@@ -7,7 +7,7 @@ raises :class:`~kvsim.errors.InvariantViolation` with all of them.
 Rules:
 * every live page sits in exactly one slot of one level, and that slot names it back; free slot
   lists hold no duplicates and no used slot (no page lost or double-owned across tiers);
-* slot usage stays within each level's quota;
+* slot usage stays within each level's quota; the evictable counts agree with a full scan;
 * refcounts are never negative and equal what the open caches hold; LOCKED pages are on the GPU;
 * every committed page is reachable: its node points back to it and the node hangs from a live root;
 * every live page is owned by a cache or by the tree (nothing leaks);
@@ -56,6 +56,13 @@ def _check_storage(mgr: KVCacheManager, out: list[str]) -> None:
                    f"{live[seen[live] != 1][:5].tolist()}")
     if (seen[p.level < 0] != 0).any():
         out.append("a free page row is still in a slot")
+    kept = mgr.storage.counts.table()
+    for lv in range(mgr.layout.num_levels):
+        for g in range(mgr.layout.num_pool_groups):
+            scanned = mgr.storage.evictable_at(lv, g).size
+            if kept[lv, g] != scanned:
+                out.append(f"level {lv} pool group {g}: {kept[lv, g]} evictable pages counted, "
+                           f"a scan finds {scanned} (a change not reported to storage.changed)")
 
 
 def _check_ownership(mgr: KVCacheManager, out: list[str]) -> None:

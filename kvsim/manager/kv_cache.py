@@ -53,6 +53,10 @@ if TYPE_CHECKING:
 # callback(block ordinal, life cycle) -> priority in [0, 100], as KVCM2's custom_priority_callback
 PriorityCallback = Callable[[int, LifeCycle], int]
 
+# Commits of at least this many blocks look their keys up in the tree's memo (kvsim.manager.
+# key_chains) first; a shorter one (a decode step) hashes its few blocks.
+_KEY_MEMO_MIN_BLOCKS = 4
+
 
 class CacheStatus(Enum):
     SUSPENDED = "suspended"
@@ -210,6 +214,9 @@ class KvCache:
                           for lc in m.layout.life_cycles}
         ours = self.active_pages()
         p.lockers[ours] += 1  # locked pages are never eviction candidates
+        # The eviction index re-checks its candidates when it selects; the evictable counts are
+        # read by statistics commits inside this call, so they hear of it now.
+        storage.counts.changed(ours)
         onboard = ours[p.level[ours] > 0]
         steps: list[EvictionStep] = []
         try:
@@ -264,6 +271,7 @@ class KvCache:
         ours = self.active_pages()
         # Held for the call's duration: none of our pages may be chosen to make room.
         p.lockers[ours] += 1
+        storage.counts.changed(ours)
         colder = ours[p.level[ours] > target]
         steps: list[EvictionStep] = []
         try:
@@ -400,24 +408,24 @@ class KvCache:
         plan.counts.tree_nodes_visited += match.tree_nodes_visited
         plan.counts.blocks_hashed += match.blocks_hashed
         n_lc = m.layout.num_life_cycles
+        n_full = len(match.nodes)
         full = np.zeros(n_lc, dtype=np.int64)
         partial = np.zeros(n_lc, dtype=np.int64)
         by_level = np.zeros((n_lc, m.layout.num_levels), dtype=np.int64)
         block_level = np.full(len(blocks), -1, dtype=np.int64)  # coldest level loading it
+        ordinal = np.arange(len(blocks))
         for lc in m.layout.life_cycles:
-            arr = np.full(len(blocks), NO_PAGE, dtype=np.int32)
+            i = lc.index
+            arr = np.fromiter((blk.pages[i] for blk in blocks), dtype=np.int32, count=len(blocks))
             begin, end = lc.stale_range(history, tpb)
-            for b in [*range(begin), *range(end, len(blocks))]:
-                page = blocks[b].pages[lc.index]
-                arr[b] = page
-                level = int(p.level[page])
-                by_level[lc.index, level] += 1
-                block_level[b] = max(block_level[b], level)
-                if b < len(match.nodes):
-                    full[lc.index] += 1
-                else:
-                    partial[lc.index] += 1
-            self._pages[lc.index] = arr
+            arr[begin:end] = NO_PAGE  # stale at the matched length: not loaded
+            loaded = arr >= 0
+            levels = p.level[arr[loaded]].astype(np.int64)
+            by_level[i] = np.bincount(levels, minlength=m.layout.num_levels)
+            np.maximum.at(block_level, ordinal[loaded], levels)
+            full[i] = int(loaded[:n_full].sum())
+            partial[i] = int(loaded[n_full:].sum())
+            self._pages[i] = arr
         held = self.active_pages()
         p.holders[held] += 1
         p.last_used[held] = m._now
@@ -489,6 +497,14 @@ class KvCache:
         generation = self._generation_ready and capacity > self._capacity
         new_blocks = math.ceil(capacity / tpb)
         old_blocks = self._pages[0].size if self._pages else 0
+        if new_blocks == old_blocks and all(
+                lc.stale_range(history, tpb) == lc.stale_range(self._history, tpb)
+                for lc in m.layout.sliding_life_cycles):
+            # Nothing to allocate or release (KVCM2's _shortcut_set_capacity/history_length).
+            self._capacity = capacity
+            self._history = history
+            self._refresh_generation_ready()
+            return True
         span = max(new_blocks, old_blocks)
         ordinal = np.arange(span)
         tables: list[np.ndarray] = []
@@ -637,16 +653,25 @@ class KvCache:
                         page_table[b - first, lc] = page
             page_rows = page_table.tolist()
             add_node = m.tree.add_node
-            by_first = root.by_first
+            partials = root.partials
+            known: list[bytes] = []
+            if full_blocks - first >= _KEY_MEMO_MIN_BLOCKS:
+                # a prompt's blocks: their keys are likely known from its create_kv_cache
+                known = m.tree.chains.cached(
+                    self._tokens[:full_blocks * tpb].astype("<u4").tobytes())
+            sha256 = hashlib.sha256
             for i, b in enumerate(range(first, full_blocks)):
-                key = hashlib.sha256(key + raw[i * width:(i + 1) * width]).digest()
+                if b < len(known):
+                    key = known[b]
+                else:
+                    key = sha256(key + raw[i * width:(i + 1) * width]).digest()
                 if key in nodes_by_key or m.event_sink is not None or \
-                        (b"" if tail is None else tail.key, int(blocks[i, 0])) in by_first:
+                        (b"" if tail is None else tail.key) in partials:
                     self._tail_node = tail
                     tail = self._commit_block(root, b, key, blocks[i], plan)
                     continue
-                # The common case, a block nobody committed before and no sibling starting like
-                # it: a new node owning our pages.
+                # The common case, a block nobody committed before and no partial sibling: a
+                # new node owning our pages.
                 tail = add_node(root, tail, key, blocks[i], page_rows[i], copy_tokens=False)
                 fresh_rows.append(i)
                 fresh_nodes.append(tail.node_id)

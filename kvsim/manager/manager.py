@@ -165,46 +165,58 @@ class KVCacheManager:
         takes only itself, then empty childless blocks leave the tree, leaf upward.
         """
         p = self.storage.pages
-        layout = self.layout
-        for page in ids.tolist():
-            node_id = int(p.node[page])
-            if node_id < 0:  # already out, with a subtree removed earlier in this batch
-                continue
-            lc = layout.life_cycles[int(p.life_cycle[page])]
-            node = self.tree.nodes[node_id]
-            node.pages[lc.index] = NO_PAGE
-            p.node[page] = NO_PAGE
+        life_cycles = self.layout.life_cycles
+        dropping = set(ids.tolist())
+        orphans: list[int] = []  # pages of removed blocks, not among the dropped ones
+        nodes = self.tree.nodes
+        for page, lc_index, node_id in zip(ids.tolist(), p.life_cycle[ids].tolist(),
+                                           p.node[ids].tolist()):
+            node = nodes.get(node_id)
+            if node is None or node.pages[lc_index] != page:
+                continue  # already out, with a subtree removed earlier in this batch
+            lc = life_cycles[lc_index]
+            node.pages[lc_index] = NO_PAGE
             if not lc.is_sliding or node.depth < lc.sink_blocks:
-                self._remove_nodes([node], plan, dropping=ids)
+                orphans += self._detach_subtree(node, plan)
                 continue
             removed = self.tree.remove_if_empty(node)
             plan.counts.tree_nodes_removed += removed
             if removed:
                 self._emit({"type": "removed", "scope": node.root.scope, "block": node.depth,
                             "num_nodes": removed}, plan)
+        p.node[ids] = NO_PAGE
         self.storage.changed(ids)
+        self._orphan_pages([pg for pg in orphans if pg not in dropping], plan)
 
-    def _remove_nodes(self, nodes: list[Node], plan: Plan,
-                      dropping: np.ndarray | None = None) -> None:
-        """Take nodes, with everything below them, out of the tree. Their
-        pages leave the tree too: those no cache holds are freed at once (not counted as
-        drops), the others stay with their caches, uncommitted, until released."""
+    def _detach_subtree(self, top: Node, plan: Plan) -> list[int]:
+        """Take ``top`` and everything below it out of the tree; returns their pages."""
+        removed = self.tree.remove_subtree(top)
+        pages: list[int] = []
+        for n in removed:
+            pages += [pg for pg in n.pages if pg != NO_PAGE]
+            n.pages = [NO_PAGE] * len(n.pages)
+        plan.counts.tree_nodes_removed += len(removed)
+        self._emit({"type": "removed", "scope": top.root.scope, "block": top.depth,
+                    "num_nodes": len(removed)}, plan)
+        return pages
+
+    def _orphan_pages(self, pages: list[int], plan: Plan) -> None:
+        """Pages whose blocks left the tree: those no cache holds are freed at once (not counted
+        as drops), the others stay with their caches, uncommitted, until released."""
+        if not pages:
+            return
         p = self.storage.pages
+        ids = np.array(pages, dtype=np.int32)
+        p.node[ids] = NO_PAGE
+        self.storage.changed(ids)
+        self.storage.free(ids[p.holders[ids] == 0], plan)
+
+    def _remove_nodes(self, nodes: list[Node], plan: Plan) -> None:
+        """Take nodes, with everything below them, out of the tree (see :meth:`_orphan_pages`)."""
+        pages: list[int] = []
         for top in nodes:
-            removed = self.tree.remove_subtree(top)  # a replaced partial block has no children
-            pages = [pg for n in removed for pg in n.pages if pg != NO_PAGE]
-            for n in removed:
-                n.pages = [NO_PAGE] * len(n.pages)
-            ids = np.array(pages, dtype=np.int32)
-            p.node[ids] = NO_PAGE
-            self.storage.changed(ids)
-            free = ids[p.holders[ids] == 0]
-            if dropping is not None:
-                free = free[~np.isin(free, dropping)]
-            self.storage.free(free, plan)
-            plan.counts.tree_nodes_removed += len(removed)
-            self._emit({"type": "removed", "scope": top.root.scope, "block": top.depth,
-                        "num_nodes": len(removed)}, plan)
+            pages += self._detach_subtree(top, plan)
+        self._orphan_pages(pages, plan)
 
     # -- read-only queries (shared lock) -------------------------------------------------------
     @property
@@ -226,7 +238,7 @@ class KVCacheManager:
         for g in range(self.layout.num_pool_groups):
             alloc = self.storage.allocators[0][g]
             if alloc.num_slots:
-                evictable = int(self.storage.evictable_at(0, g).size)
+                evictable = self.storage.evictable_count(0, g)
                 worst = max(worst, (alloc.num_used - evictable) / alloc.num_slots)
         return worst
 
@@ -258,7 +270,7 @@ class KVCacheManager:
         out = []
         for g, pg in enumerate(self.layout.pool_groups):
             alloc = self.storage.allocators[level][g]
-            evictable = int(self.storage.evictable_at(level, g).size)
+            evictable = self.storage.evictable_count(level, g)
             available = alloc.num_free + evictable
             row = {
                 "total": alloc.num_slots,

@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from kvsim.manager.key_chains import KeyChains
 from kvsim.manager.pages import NO_PAGE
 
 # KVCM2 skips the partial-match search below a block with this many children or more
@@ -69,20 +70,20 @@ class Node:
 
 
 class Root:
-    __slots__ = ("scope", "tokens_per_block", "nodes_by_key", "children", "by_first")
+    __slots__ = ("scope", "tokens_per_block", "nodes_by_key", "children", "partials")
 
     def __init__(self, scope: Hashable, tokens_per_block: int) -> None:
         self.scope = scope
         self.tokens_per_block = tokens_per_block
         self.nodes_by_key: dict[bytes, Node] = {}
         self.children: dict[bytes, Node] = {}
-        # (parent's key, or b"" at the top; first token) -> children: the sibling rules compare
-        # a new block only with the siblings that start like it
-        self.by_first: dict[tuple[bytes, int], list[Node]] = {}
+        # parent's key (b"" at the top) -> its partial children: the sibling rules look them up
+        # without scanning every child of a busy parent
+        self.partials: dict[bytes, list[Node]] = {}
 
 
-def _first_key(parent: Node | None, tokens: np.ndarray) -> tuple[bytes, int]:
-    return (b"" if parent is None else parent.key, int(tokens[0]))
+def _parent_key(parent: Node | None) -> bytes:
+    return b"" if parent is None else parent.key
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -98,6 +99,7 @@ class RadixTree:
         self.nodes: dict[int, Node] = {}
         self.pending_root_erasures: list[Hashable] = []
         self._next_node_id = 0
+        self.chains = KeyChains(tokens_per_block)  # a cache of block keys, not state
 
     # -- read-only ---------------------------------------------------------------------------
     def walk(self, scope: Hashable, tokens: np.ndarray) -> tuple[list[Node], int, bool]:
@@ -111,18 +113,27 @@ class RadixTree:
         root = self.roots.get(scope)
         if root is None or not root.nodes_by_key:
             return [], 0, tokens.size > 0
-        tpb = self.tokens_per_block
+        width = self.chains.width
+        raw = tokens.astype("<u4", copy=False).tobytes()  # one conversion; blocks are slices
+        n_full = len(raw) // width
+        full_raw = raw[:n_full * width]
+        keys = self.chains.cached(full_raw)
+        by_key = root.nodes_by_key
         nodes: list[Node] = []
-        key = b""
-        hashed = 0
-        for b in range(-(-tokens.size // tpb)):
-            key = block_key(key, tokens[b * tpb:(b + 1) * tpb])
-            hashed += 1
-            node = root.nodes_by_key.get(key)
+        for b in range(n_full):
+            if b == len(keys):  # hash the rest of the blocks: a walk that gets here needs them
+                keys = self.chains.extend(full_raw, keys, n_full)
+            node = by_key.get(keys[b])
             if node is None:
-                return nodes, hashed, True
+                return nodes, len(nodes) + 1, True
             nodes.append(node)
-        return nodes, hashed, False
+        if len(raw) > len(full_raw):
+            key = hashlib.sha256((keys[-1] if n_full else b"") + raw[len(full_raw):]).digest()
+            node = by_key.get(key)
+            if node is None:
+                return nodes, len(nodes) + 1, True
+            nodes.append(node)
+        return nodes, len(nodes), False
 
     def best_partial_child(self, scope: Hashable, parent: Node | None,
                            remaining: np.ndarray) -> tuple[Node | None, int]:
@@ -145,18 +156,22 @@ class RadixTree:
         return best, best_len
 
     def covering_sibling(self, root: Root, parent: Node | None, tokens: np.ndarray) -> Node | None:
-        """A child of ``parent`` whose tokens start with ``tokens`` (which then adds nothing)."""
-        for child in root.by_first.get(_first_key(parent, tokens), ()):
-            if child.tokens.size >= tokens.size and \
-                    np.array_equal(child.tokens[:tokens.size], tokens):
+        """A child of ``parent`` whose tokens start with ``tokens`` (which then adds nothing).
+        Every child is looked at: this runs once per partial tail committed."""
+        n = tokens.size
+        for child in (root.children if parent is None else parent.children).values():
+            if child.tokens.size >= n and np.array_equal(child.tokens[:n], tokens):
                 return child
         return None
 
     def covered_partials(self, root: Root, parent: Node | None, tokens: np.ndarray) -> list[Node]:
         """Partial children of ``parent`` that a new block of ``tokens`` replaces."""
-        return [child for child in root.by_first.get(_first_key(parent, tokens), ())
+        return [child for child in root.partials.get(_parent_key(parent), ())
                 if child.tokens.size < tokens.size
                 and np.array_equal(tokens[:child.tokens.size], child.tokens)]
+
+    def has_partial_children(self, root: Root, parent: Node | None) -> bool:
+        return _parent_key(parent) in root.partials
 
     # -- mutation (exclusive entry points only) ---------------------------------------------
     def root_for(self, scope: Hashable) -> Root:
@@ -176,7 +191,8 @@ class RadixTree:
         self._next_node_id += 1
         root.nodes_by_key[key] = node
         (root.children if parent is None else parent.children)[key] = node
-        root.by_first.setdefault(_first_key(parent, tokens), []).append(node)
+        if tokens.size < self.tokens_per_block:
+            root.partials.setdefault(_parent_key(parent), []).append(node)
         self.nodes[node.node_id] = node
         return node
 
@@ -185,11 +201,12 @@ class RadixTree:
         del root.nodes_by_key[node.key]
         siblings = root.children if node.parent is None else node.parent.children
         del siblings[node.key]
-        first = _first_key(node.parent, node.tokens)
-        same_start = root.by_first[first]
-        same_start.remove(node)
-        if not same_start:
-            del root.by_first[first]
+        if node.tokens.size < self.tokens_per_block:
+            parent_key = _parent_key(node.parent)
+            partials = root.partials[parent_key]
+            partials.remove(node)
+            if not partials:
+                del root.partials[parent_key]
         del self.nodes[node.node_id]
         if not root.nodes_by_key and root.scope not in self.pending_root_erasures:
             self.pending_root_erasures.append(root.scope)

@@ -27,6 +27,7 @@ from kvsim.errors import OutOfPagesError
 from kvsim.manager.config import StorageLayout
 from kvsim.manager.eviction import select_victims
 from kvsim.manager.eviction_index import EvictionIndex
+from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.pages import PageTable
 from kvsim.manager.plan import CopyBatch, Plan
 from kvsim.manager.slots import SlotAllocator
@@ -56,6 +57,8 @@ class Storage:
         self.allocators = [[SlotAllocator(n) for n in level] for level in layout.level_slots]
         self.last_level = layout.num_levels - 1
         self.index = EvictionIndex(self.pages, self.allocators, self.last_level)
+        self.counts = EvictableCounts(self.pages, layout.num_levels, layout.num_pool_groups,
+                                      self.last_level)
         self.stats = stats
         # Called with the ids of committed pages about to be dropped, so the radix tree can
         # forget them before their rows are freed.
@@ -66,21 +69,35 @@ class Storage:
         return self.allocators[level][group].num_slots
 
     def evictable_at(self, level: int, group: int) -> np.ndarray:
+        """Every evictable page at ``(level, group)`` (a full scan)."""
         return self.index.scan(level, group)
+
+    def evictable_count(self, level: int, group: int) -> int:
+        """How many pages at ``(level, group)`` are evictable (kept up to date, no scan)."""
+        n = self.counts.count(level, group)
+        if self.check_eviction_index and n != self.evictable_at(level, group).size:
+            raise AssertionError(f"evictable count at level {level} group {group} is {n}; a "
+                                 f"full scan finds {self.evictable_at(level, group).size}")
+        return n
 
     def changed(self, ids: np.ndarray | list[int]) -> None:
         """Callers report every page whose holders, lockers, node, level or LRU tick they
-        change, so the eviction index stays exact (see :mod:`kvsim.manager.eviction_index`)."""
+        change (before the next read), so the eviction index and the evictable counts stay
+        exact (see :mod:`kvsim.manager.eviction_index`, :mod:`~kvsim.manager.evictable_counts`)."""
         self.index.changed(ids)
+        self.counts.changed(ids)
 
     def block_stats(self) -> np.ndarray:
         """(levels, pool groups, 3): available, unavailable and evictable blocks per cell."""
         out = np.zeros((self.layout.num_levels, self.layout.num_pool_groups, 3), dtype=np.int64)
+        evictable = self.counts.table()
         for lv, row in enumerate(self.allocators):
             for g, alloc in enumerate(row):
-                evictable = int(self.evictable_at(lv, g).size)
-                available = alloc.num_free + evictable
-                out[lv, g] = (available, alloc.num_slots - available, evictable)
+                n = int(evictable[lv, g])
+                if self.check_eviction_index:
+                    self.evictable_count(lv, g)
+                available = alloc.num_free + n
+                out[lv, g] = (available, alloc.num_slots - available, n)
         return out
 
     # -- making room --------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""How many pages each (level, pool group) could evict now: kept up to date instead of scanned.
+
+The statistics re-sample every (level, pool group) cell on each commit, and ``resume()``'s gate
+reads the GPU's evictable pages; a scan of a level's pages each time costs O(pages) and dominated
+long replays. Instead each page row remembers the cell it is counted in (``level * groups +
+group`` while it is evictable, -1 otherwise) and each cell its count. Reported rows are
+re-evaluated lazily, on the next read, so a report may come before or after the change it
+announces, as long as it comes before the read: the discipline the eviction index already asks
+for (:meth:`kvsim.manager.storage.Storage.changed`). ``Storage.check_eviction_index`` compares
+every read with a full scan in the tests, and the invariant checker does too.
+
+Derived data: it never changes the manager's state and is rebuilt from scratch on demand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.manager.pages import PageTable
+
+
+class EvictableCounts:
+    """Evictable pages per (level, pool group) of one storage."""
+
+    def __init__(self, pages: PageTable, num_levels: int, num_groups: int,
+                 last_level: int) -> None:
+        self.pages = pages
+        self.num_levels = num_levels
+        self.num_groups = num_groups
+        self.last_level = last_level
+        self.counts = np.zeros(num_levels * num_groups, dtype=np.int64)
+        self.cell = np.full(pages.capacity, -1, dtype=np.int32)
+        self._pending: list[np.ndarray] = []
+
+    def changed(self, ids: np.ndarray | list[int]) -> None:
+        """Rows whose evictability, level or pool group may have changed (or will, before the
+        next read)."""
+        ids = np.array(ids, dtype=np.int32).ravel()  # a copy: callers may reuse their array
+        if ids.size:
+            self._pending.append(ids)
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        ids = np.unique(np.concatenate(self._pending))
+        self._pending.clear()
+        p = self.pages
+        if self.cell.size < p.capacity:
+            grown = np.full(p.capacity, -1, dtype=np.int32)
+            grown[:self.cell.size] = self.cell
+            self.cell = grown
+        old = self.cell[ids]
+        levels = p.level[ids].astype(np.int64)
+        live = levels >= 0
+        evictable = np.zeros(ids.size, dtype=bool)
+        evictable[live] = p.evictable(ids[live], self.last_level)
+        new = np.where(evictable, levels * self.num_groups + p.pool_group[ids], -1)
+        size = self.counts.size
+        self.counts -= np.bincount(old[old >= 0], minlength=size)
+        self.counts += np.bincount(new[new >= 0], minlength=size)
+        self.cell[ids] = new
+
+    def count(self, level: int, group: int) -> int:
+        self._flush()
+        return int(self.counts[level * self.num_groups + group])
+
+    def table(self) -> np.ndarray:
+        """(levels, pool groups) evictable counts."""
+        self._flush()
+        return self.counts.reshape(self.num_levels, self.num_groups).copy()

@@ -25,9 +25,9 @@ import numpy as np
 
 from kvsim.errors import OutOfPagesError
 from kvsim.manager.config import StorageLayout
+from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.eviction import select_victims
 from kvsim.manager.eviction_index import EvictionIndex
-from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.pages import PageTable
 from kvsim.manager.plan import CopyBatch, Plan
 from kvsim.manager.slots import SlotAllocator

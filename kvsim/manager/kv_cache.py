@@ -652,7 +652,6 @@ class KvCache:
                     if first <= b < full_blocks:
                         page_table[b - first, lc] = page
             page_rows = page_table.tolist()
-            add_node = m.tree.add_node
             partials = root.partials
             known: list[bytes] = []
             if full_blocks - first >= _KEY_MEMO_MIN_BLOCKS:
@@ -660,21 +659,38 @@ class KvCache:
                 known = m.tree.chains.cached(
                     self._tokens[:full_blocks * tpb].astype("<u4").tobytes())
             sha256 = hashlib.sha256
+            slow_path = m.event_sink is not None
+            run: list[bytes] = []  # keys of the run of new blocks not yet added
+
+            def add_run() -> Node | None:
+                start = len(fresh_rows) - len(run)
+                rows = fresh_rows[start:]
+                last = m.tree.add_chain(root, tail, run, blocks[rows[0]:rows[-1] + 1],
+                                        page_rows[rows[0]:rows[-1] + 1])
+                fresh_nodes.extend(range(last.node_id - len(run) + 1, last.node_id + 1))
+                run.clear()
+                return last
+
+            tail_key = b"" if tail is None else tail.key
             for i, b in enumerate(range(first, full_blocks)):
                 if b < len(known):
                     key = known[b]
                 else:
                     key = sha256(key + raw[i * width:(i + 1) * width]).digest()
-                if key in nodes_by_key or m.event_sink is not None or \
-                        (b"" if tail is None else tail.key) in partials:
+                if slow_path or key in nodes_by_key or tail_key in partials:
+                    if run:
+                        tail = add_run()
                     self._tail_node = tail
                     tail = self._commit_block(root, b, key, blocks[i], plan)
+                    tail_key = b"" if tail is None else tail.key
                     continue
                 # The common case, a block nobody committed before and no partial sibling: a
-                # new node owning our pages.
-                tail = add_node(root, tail, key, blocks[i], page_rows[i], copy_tokens=False)
+                # new node owning our pages (added with the rest of its run).
+                run.append(key)
                 fresh_rows.append(i)
-                fresh_nodes.append(tail.node_id)
+                tail_key = key
+            if run:
+                tail = add_run()
             fast = len(fresh_rows)
             if fast:
                 pages = page_table[fresh_rows]
@@ -785,6 +801,8 @@ class KvCache:
             m._release(np.array([mine], dtype=np.int32), locked, plan)
             if locked:
                 p.lockers[theirs] += 1
+                # _release above may have read the counts, consuming the report made on entry
+                storage.counts.changed([theirs])
                 level = int(p.level[theirs])
                 if level > 0:
                     # Our page's slot was just freed: theirs comes up into it.

@@ -196,6 +196,27 @@ class RadixTree:
         self.nodes[node.node_id] = node
         return node
 
+    def add_chain(self, root: Root, parent: Node | None, keys: list[bytes],
+                  blocks: np.ndarray, pages: list[list[int]]) -> Node:
+        """New full-block nodes, each the child of the one before (the first of ``parent``):
+        :meth:`add_node` for a run of blocks, flat because a long prompt's commit makes
+        thousands. The nodes keep views of ``blocks`` (one row each). Returns the last."""
+        nodes_by_key, nodes = root.nodes_by_key, self.nodes
+        node_id = self._next_node_id
+        depth = -1 if parent is None else parent.depth
+        siblings = root.children if parent is None else parent.children
+        node = parent
+        for i, key in enumerate(keys):
+            depth += 1
+            node = Node(node_id, key, root, node, depth, blocks[i], pages[i])
+            nodes_by_key[key] = node
+            siblings[key] = node
+            siblings = node.children
+            nodes[node_id] = node
+            node_id += 1
+        self._next_node_id = node_id
+        return node  # type: ignore[return-value]
+
     def _detach(self, node: Node) -> None:
         root = node.root
         del root.nodes_by_key[node.key]

@@ -69,6 +69,8 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         with target as staging:
             results = run_scenario(sf, progress=say)
+            if overrides:
+                results["overrides"] = overrides
             write_results_into(results, staging)
     except KvsimError as e:
         print(f"kvsim run: {e}", file=sys.stderr)

@@ -172,23 +172,51 @@ def _latency_cdf_figure(results: dict, path: Path) -> None:
     save(fig, path)
 
 
+# Variant-table columns: (summary key, heading, format); a column appears when a variant has it.
+_VARIANT_COLUMNS = (
+    ("resize_p50_ms", "resize host time p50 (ms)", lambda v: _fmt(v)),
+    ("resize_copies_done_p50_ms", "copies done p50 (ms)", lambda v: _fmt(v)),
+    ("resize_copy_gbps", "copy GB/s", lambda v: _fmt(v, 2)),
+    ("copy_paths", "copy path", lambda v: ", ".join(v)),
+    ("copy_ctas", "CTAs", lambda v: ", ".join(map(str, v))),
+    ("probe_p50_ms", "probe p50 (ms)", lambda v: _fmt(v)),
+    ("probe_p99_ms", "probe p99 (ms)", lambda v: _fmt(v)),
+    ("longest_writer_wait_ms", "longest writer wait (ms)", lambda v: _fmt(v)),
+    ("offloaded_pages", "offloaded pages", str),
+    ("failed_calls", "failed calls", str),
+    ("violations", "violations", str),
+    ("deadlocks", "deadlocks", str),
+    ("starved", "writer starved", lambda v: "yes" if v else "no"),
+)
+
+
+def _variant_order(results: dict) -> list[str]:
+    """The variants in the order the run made them (results.json sorts its keys)."""
+    variants = results.get("variants") or {}
+    order = [n for n in results.get("variant_order", []) if n in variants]
+    return order + sorted(set(variants) - set(order))
+
+
 def _variants_section(results: dict) -> list[str]:
     variants = results.get("variants")
     if not variants:
         return []
+    names = _variant_order(results)
     metrics = sorted({m for v in variants.values() for m in v.get("reference", {}).get("metrics", {})})
+    columns = [c for c in _VARIANT_COLUMNS
+               if any(variants[n].get(c[0]) is not None for n in names)
+               and (c[0] != "longest_writer_wait_ms" or any(variants[n].get(c[0]) for n in names))]
     lines = ["## Variants", ""]
-    head = ("| variant | resize p50 (ms) | offloaded pages | offloaded bytes | violations | "
-            "deadlocks | writer starved |")
-    sep = "|---|---|---|---|---|---|---|"
+    head = "| variant | " + " | ".join(c[1] for c in columns) + " |"
+    sep = "|---|" + "---|" * len(columns)
     for m in metrics:
         head += f" {m}: reference | error |"
         sep += "---|---|"
     lines += [head, sep]
-    for name, v in variants.items():
-        row = (f"| {name} | {_fmt(v.get('resize_p50_ms'))} | {v['offloaded_pages']} | "
-               f"{v['offloaded_bytes']:,} | {v['violations']} | {v['deadlocks']} | "
-               f"{'yes' if v.get('starved') else 'no'} |")
+    for name in names:
+        v = variants[name]
+        row = f"| {name} | " + " | ".join(
+            "-" if v.get(key) is None else fmt(v[key]) for key, _, fmt in columns) + " |"
         for m in metrics:
             ref = v.get("reference", {}).get("metrics", {}).get(m)
             if ref is None:
@@ -202,6 +230,96 @@ def _variants_section(results: dict) -> list[str]:
         lines += ["", "Reference figures: " + "; ".join(sources)]
     lines.append("")
     return lines
+
+
+def _variants_figure(results: dict, path: Path) -> bool:
+    """Host time and copies-done time of the growth resize per variant (horizontal bars, the
+    run's order); False when no variant has them."""
+    names = [n for n in _variant_order(results)
+             if results["variants"][n].get("resize_copies_done_p50_ms") is not None]
+    if not names:
+        return False
+    v = results["variants"]
+    fig, ax = new_figure(8.0, 1.2 + 0.32 * len(names))
+    y = np.arange(len(names))
+    done = [v[n]["resize_copies_done_p50_ms"] for n in names]
+    host = [v[n].get("resize_p50_ms") or 0.0 for n in names]
+    ax.barh(y, done, height=0.7, color="#9dc3e6", label="copies done (offloads landed)")
+    ax.barh(y, host, height=0.35, color="#2f5597", label="resize host time (lock held)")
+    for yi, d in zip(y, done):
+        ax.text(d, yi, f" {d:.2f}", va="center", fontsize=7)
+    ax.set_yticks(y)
+    ax.set_yticklabels(names, fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("time from the resize call (ms, p50)")
+    ax.set_xlim(0, max(done) * 1.15)
+    ax.set_title("Growth resize per variant")
+    ax.legend(loc="lower right", fontsize=7)
+    ax.grid(alpha=0.3, axis="x")
+    save(fig, path)
+    return True
+
+
+def _range(values: list[tuple[float, str]], unit: str = "ms", digits: int = 3) -> str:
+    """``x unit`` when all agree, else ``lo (name) to hi (name)``."""
+    lo, hi = min(values), max(values)
+    if abs(hi[0] - lo[0]) <= 1e-9 * max(abs(hi[0]), 1.0):
+        return f"{lo[0]:.{digits}f} {unit}"
+    return f"{lo[0]:.{digits}f} {unit} ({lo[1]}) to {hi[0]:.{digits}f} {unit} ({hi[1]})"
+
+
+def _answer(results: dict) -> str:
+    """The report's first paragraph: the key figures of the run (and across its variants)."""
+    from kvsim.scenario.results import variant_summary
+
+    runs = {"the base run": variant_summary(results, None)}
+    for name in _variant_order(results):
+        runs[name] = results["variants"][name]
+    parts = []
+    resize = [(v["resize_p50_ms"], n) for n, v in runs.items() if v.get("resize_p50_ms") is not None]
+    if resize:
+        parts.append("The growth resize holds the manager for " + _range(resize) + " of host time")
+    done = [(v["resize_copies_done_p50_ms"], n) for n, v in runs.items()
+            if v.get("resize_copies_done_p50_ms") is not None]
+    if done:
+        best, worst = min(done), max(done)
+        how = runs[best[1]]
+        path = ", ".join(how.get("copy_paths") or []) or "?"
+        ctas = f" with {', '.join(map(str, how['copy_ctas']))} CTAs" if how.get("copy_ctas") else ""
+        gbps = how.get("resize_copy_gbps")
+        parts.append(f"its offloads have landed after {_range(done)}; the fastest, {best[1]}, "
+                     f"moves them by {path}{ctas}"
+                     + (f" at {gbps:.1f} GB/s" if gbps else "")
+                     + (f", {worst[0] / best[0]:.1f}x sooner than the slowest" if worst[0] > best[0]
+                        else ""))
+    if "probe" in results:
+        p50 = [(v["probe_p50_ms"], n) for n, v in runs.items() if v.get("probe_p50_ms") is not None]
+        p99 = [(v["probe_p99_ms"], n) for n, v in runs.items() if v.get("probe_p99_ms") is not None]
+        if p50:
+            parts.append(f"probe latency p50 {_range(p50)}, p99 {_range(p99)}")
+    waits = [(v["longest_writer_wait_ms"], n) for n, v in runs.items()
+             if v.get("longest_writer_wait_ms") is not None]
+    if any(w for w, _ in waits):
+        parts.append(f"the longest writer wait is {_range(waits)}")
+    dead = [n for n, v in runs.items() if v.get("deadlocks")]
+    parts.append(f"{len(dead)} of {len(runs)} runs deadlock or hit a lock hazard"
+                 + (f" ({', '.join(dead)})" if dead else ""))
+    failed = [(v["failed_calls"], n) for n, v in runs.items() if v.get("failed_calls")]
+    parts.append(f"{sum(f for f, _ in failed)} calls fail"
+                 + (f" ({', '.join(f'{n}: {f}' for f, n in failed)})" if failed else ""))
+    if results["executor"] == "plan":
+        parts.insert(0, f"{results['offload']['pages']} pages offloaded and "
+                        f"{results['onboard']['pages']} onboarded (the plan executor: counts, "
+                        "no time)")
+    refs = [(n, m, r) for n, v in runs.items()
+            for m, r in v.get("reference", {}).get("metrics", {}).items()
+            if r.get("error_pct") is not None]
+    text = "; ".join(parts) + "."
+    if refs:
+        text += " Against the reference figures: " + "; ".join(
+            f"{n} {m} {r['predicted']:.3f} vs {r['reference']:.3f} ({r['error_pct']:+.1f} %)"
+            for n, m, r in refs) + "."
+    return text[0].upper() + text[1:]
 
 
 def _api_section(results: dict) -> list[str]:
@@ -219,11 +337,19 @@ def _api_section(results: dict) -> list[str]:
 def write_report(results: dict, out_dir: Path) -> None:
     sc = results["scenario"]
     sim = results["executor"] in ("sim", "hw")  # both have times, a lock and a link
-    lines = [
-        f"# {sc['name']}",
-        "",
-        sc["description"].strip() or "(no description)",
-        "",
+    variant = results.get("variant")
+    title = f"# {sc['name']}" + (f", variant {variant['name']}" if variant else "")
+    lines = [title, ""]
+    if variant:
+        sets = ", ".join(f"`{k}={v}`" for k, v in variant["set"].items()) or "nothing"
+        lines += [f"Variant `{variant['name']}` of `{variant['of']}`: sets {sets}.", ""]
+    if sc.get("question"):
+        lines += [f"**Question.** {sc['question'].strip()}", ""]
+    lines += [f"**Answer.** {_answer(results)}", "",
+              sc["description"].strip() or "(no description)", ""]
+    if results.get("overrides"):
+        lines += ["* overrides (`--set`): " + ", ".join(f"`{o}`" for o in results["overrides"])]
+    lines += [
         f"* scenario file: `{sc['file']}`, seed {sc['seed']}, executor `{results['executor']}`"
         + (f", hardware `{results['hardware']}`" if sim else "")
         + (f", CPU cost model `{results['cpu_model']}`" if "cpu_model" in results else "")
@@ -235,13 +361,16 @@ def write_report(results: dict, out_dir: Path) -> None:
         f"* pages onboarded: {results['onboard']['pages']}",
         *_reuse_line(results.get("reuse")),
         f"* invariant violations: {len(results['violations'])}; deadlocks and lock hazards: "
-        f"{len(results['deadlocks'])}",
+        f"{len(results['deadlocks'])}" + (" (the base run; the variants' are in their table)"
+                                          if results.get("variants") else ""),
         "",
     ]
     lines += _variants_section(results)
+    if results.get("variants") and _variants_figure(results, out_dir / "variants.png"):
+        lines += ["![growth resize per variant](variants.png)", ""]
     if results.get("variants"):
         lines += ["Each variant's own report: " + ", ".join(
-            f"[{name}](variants/{name}/report.md)" for name in results["variants"]), ""]
+            f"[{name}](variants/{name}/report.md)" for name in _variant_order(results)), ""]
     if sim:
         _timeline_figure(results, out_dir / "timeline.png")
         _latency_cdf_figure(results, out_dir / "latency_cdf.png")

@@ -12,6 +12,7 @@ sorted, so the same scenario and seed give byte-identical files.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -67,8 +68,10 @@ def common(scenario: Scenario, manager: KVCacheManager, records: list[dict],
     return {
         "schema_version": RESULTS_SCHEMA_VERSION,
         "scenario": {"name": scenario.name, "file": scenario.source_file, "seed": scenario.seed,
-                     "description": scenario.description, "workload": scenario.workload.kind},
+                     "description": scenario.description, "workload": scenario.workload.kind}
+        | ({"question": scenario.question} if scenario.question else {}),
         "executor": scenario.executor,
+        "resolved": resolved_config(scenario),
         "offload": {"pages": sum(r["offloaded_pages"] for r in records),
                     "bytes": sum(r["offloaded_bytes"] for r in records),
                     "growth_pages": sum(r["offloaded_pages"] for r in growth),
@@ -98,6 +101,30 @@ def plan_results(scenario: Scenario, manager: KVCacheManager, records: list[dict
         "starvation": None,
         "deadlocks": [],
     }
+
+
+def _plain(value: Any) -> Any:
+    """A configuration value as JSON: dataclasses as objects, long sequences (a trace's
+    requests) as their length."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value] if len(value) <= 64 else f"({len(value)} items)"
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
+
+
+def resolved_config(scenario: Scenario) -> dict:
+    """The configuration the run used, after defaults and overrides: what a reader needs to
+    reproduce it without the scenario file."""
+    out = {"manager": _plain(scenario.manager), "workload": _plain(scenario.workload),
+           "cpu_model": scenario.cpu_model}
+    if scenario.executor != "plan":
+        out |= {"hardware": scenario.hardware, "sim": _plain(scenario.sim)}
+    if scenario.executor == "hw":
+        out["hw"] = _plain(scenario.hw)
+    return out
 
 
 def deadlock_records(run: RunResult) -> list[dict]:
@@ -158,6 +185,12 @@ def variant_summary(results: dict, variant: Variant | None) -> dict:
             out["resize_copy_gbps"] = (sum(c["num_bytes"] for c in moved)
                                        / sum(c["seconds"] for c in moved) / 1e9)
             out["copy_ctas"] = sorted({c["ctas"] for c in moved if c["ctas"]}) or None
+            out["copy_paths"] = sorted({c["path"] for c in moved})
+    failed = sum(1 for r in results["calls"] if not r["ok"])
+    out["failed_calls"] = failed + len(results.get("setup_failures", []))
+    wait = (results.get("starvation") or {}).get("longest_writer_wait_ms")
+    if wait is not None:
+        out["longest_writer_wait_ms"] = wait
     if "probe" in results:
         probe = results["api"].get("KVCacheManager.probe_reuse", {}).get("latency", {})
         out["probe_p50_ms"] = probe.get("p50_ms")

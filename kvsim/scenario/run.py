@@ -35,10 +35,14 @@ def run_scenario(sf: ScenarioFile, progress=None) -> dict:
     results = execute(sf.base, progress)
     if sf.variants:
         results["variants"] = {}
+        # results.json sorts its keys: the run's order is kept here for the report
+        results["variant_order"] = [variant.name for variant, _ in sf.variants]
         for i, (variant, scenario) in enumerate(sf.variants):
             if progress is not None:
                 progress(f"variant {i + 1}/{len(sf.variants)}: {variant.name}")
             v_results = execute(scenario)
+            v_results["variant"] = {"name": variant.name, "of": sf.base.name,
+                                    "set": {k: v for k, v in variant.overrides}}
             summary = variant_summary(v_results, variant)
             results["variants"][variant.name] = summary
             results.setdefault("_variant_results", {})[variant.name] = v_results

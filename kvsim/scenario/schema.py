@@ -16,6 +16,7 @@ Schema (``*`` = required)::
     name*: str                      # also the default report directory, reports/<name>/:
                                     # 1-100 of [A-Za-z0-9_.-], starting with a letter or digit
     description: str
+    question: str                   # what the run answers: its report opens with it and the answer
     seed: int >= 0                  # default 0
     executor: plan | sim | hw       # plan: manager plans only, no time; sim: the SimPy model;
                                     # hw: real threads, a real lock and real copies on a GPU
@@ -264,6 +265,7 @@ class ScenarioDoc:
     manager: ManagerSpec
     workload: Workload
     description: Str = ""
+    question: Str = ""  # what the run answers: the report opens with it and its answer
     seed: IntRange(0, MAX_SEED) = 0
     executor: OneOf(*EXECUTORS) = "plan"
     hardware: Str | None = None  # a preset name or a hardware JSON file (relative to the file)
@@ -293,6 +295,7 @@ class Scenario:
     source_file: str
     hardware: str | None = None
     cpu_model: str = "kvcm2-cpp"
+    question: str = ""
     sim: SimSettings = SimSettings()
     hw: HwSettings = HwSettings()
     variants: tuple[Variant, ...] = ()
@@ -469,7 +472,8 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
         workload = _trace(workload, source)
     _check_workload(source, manager, workload)
     return Scenario(
-        name=doc.name, description=doc.description, seed=doc.seed, executor=doc.executor,
+        name=doc.name, description=doc.description, question=doc.question, seed=doc.seed,
+        executor=doc.executor,
         manager=manager, workload=workload, source_file=source.filename, hardware=hardware,
         cpu_model=cpu_model, sim=doc.sim, hw=doc.hw, variants=_variants(doc, source),
         expect_failures=doc.expect_failures)

@@ -9,7 +9,7 @@ Two layers, so the decision can be tested without a GPU:
 
 :func:`detect` is ``decide(gather(device))``. Every figure of a :class:`Topology` is a
 :class:`Figure` that carries the ``source`` it came from (the call and field that answered, or
-which fallback was used and why). The rules follow DESIGN.md section 4 and KVCM2's detection
+which fallback was used and why). The rules follow KVCM2's detection
 (seed PR #18541, ``queryNvmlLink``):
 
 * ``coherent`` comes from CUDA attribute 100 (PageableMemoryAccessUsesHostPageTables). An NVML C2C
@@ -68,7 +68,7 @@ NVML_RETURN_NAMES = {
 #: is what the seed reports for its H100 PCIe host ("non-coherent, 32.0 GB/s (Gen4 x16)", seed PR
 #: #18541), and Gen5 x16 = 64.0 GB/s, KVCM2's PCIe fallback constant. These are rounded signalling
 #: rates, not payload rates: the raw figures after encoding are 31.5 (Gen4) and 63.0 (Gen5) GB/s
-#: per x16 direction (shared/HARDWARE-NOTES.md); only the CTA grid policy consumes this number.
+#: per x16 direction (docs/hardware-notes.md); only the CTA grid policy consumes this number.
 PCIE_GBPS_PER_LANE = {1: 0.25, 2: 0.5, 3: 1.0, 4: 2.0, 5: 4.0, 6: 8.0}
 DEFAULT_PCIE_GBPS = 64.0  # KVCM2 fallback for a non-coherent link when NVML gives nothing
 DEFAULT_COHERENT_GBPS = 223.6  # KVCM2 fallback for a coherent link without a C2C bandwidth figure

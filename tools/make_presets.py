@@ -136,7 +136,7 @@ write("h100-pcie", borrowed_preset(
   "NVIDIA H100 PCIe",
   link={
       "kind": "pcie", "coherent": False,
-      "detected_gbps": S(32.0, "seed (DESIGN.md section 5): H100 PCIe detection, non-coherent, 32.0 GB/s (Gen4 x16)"),
+      "detected_gbps": S(32.0, "seed PR #18541: H100 PCIe detection, non-coherent, 32.0 GB/s (Gen4 x16)"),
       "per_direction_gbps": {"offload": S(31.5, NOTES + ": PCIe Gen4 x16 raw, per direction"),
                              "onboard": S(31.5, NOTES + ": PCIe Gen4 x16 raw, per direction")},
       "bidirectional_factor": "H200_BIDIR"},

@@ -1,4 +1,4 @@
-"""The seed's burst-resize workload (DESIGN.md section 5), as a manager configuration.
+"""The seed's burst-resize workload (seed PR #18541), as a manager configuration.
 
 A 200K-token disaggregated decode-side request arrives: ``resize(capacity=200_001,
 history_length=200_000)`` on an empty ACTIVE cache, 32 tokens per block, one full-attention and

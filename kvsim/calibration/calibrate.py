@@ -33,7 +33,8 @@ def add_parser(sub) -> None:
                                          "hardware JSON from copy measurements)")
     p.add_argument("--out", default="reports/calibration", help="output directory")
     p.add_argument("--name", default=None, help="CPU preset name (default kvsim-python-<host>)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=5,
+                   help="repeats of each CPU-cost measurement (default 5)")
     p.add_argument("--gil-runs", type=int, default=6,
                    help="runs of the GIL hand-over benchmark per thread count (0: skip it)")
     p.add_argument("--no-gil-fit", action="store_true",
@@ -48,7 +49,7 @@ def add_parser(sub) -> None:
     p.add_argument("--link-wake", help="hw.bench_link_wake output (first copy after idling)")
     p.add_argument("--hardware-name", default=None,
                    help="hardware JSON name (default calibrated-<host>)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
 

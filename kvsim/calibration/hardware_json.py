@@ -26,8 +26,8 @@ from kvsim.calibration.copy_fit import FIT_RULES, fit, observations, unaligned_e
 from kvsim.hardware.spec import hardware_from_dict
 
 TRT = "TensorRT-LLM kv_cache_manager_v2/batchedPageCopy.cu (seed PR #18541)"
-NOTES = "shared/HARDWARE-NOTES.md"
-PCIE_X16_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}  # raw, per direction (HARDWARE-NOTES.md)
+NOTES = "docs/hardware-notes.md"
+PCIE_X16_GBPS = {3: 15.75, 4: 31.5, 5: 63.0, 6: 126.0}  # raw, per direction (docs/hardware-notes.md)
 DIRS = ("offload", "onboard")
 
 

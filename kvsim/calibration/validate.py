@@ -238,7 +238,7 @@ def summary(result: dict) -> dict:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("validate", help="simulator predictions against hardware-executor runs")
-    p.add_argument("scenario")
+    p.add_argument("scenario", help="the scenario YAML file the measured runs ran")
     p.add_argument("--measured", required=True, action="append",
                    help="a results directory of an hw run of the scenario (repeatable)")
     p.add_argument("--hardware", help="hardware preset or JSON for the simulator")

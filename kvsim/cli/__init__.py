@@ -7,25 +7,32 @@ import sys
 from collections.abc import Sequence
 
 
+# Help for options of commands defined outside kvsim/cli that carry none, by (command, dest).
 def build_parser() -> argparse.ArgumentParser:
     from kvsim.calibration import calibrate, validate
-    from kvsim.cli import bench, copy_model, detect, explore, replay_cache, run
+    from kvsim.cli import bench, copy_model, detect, explore, presets, replay_cache, run
+    from kvsim.cli._common import CommandParser, package_version, polish
     from kvsim.sweep import cli as sweep_cli
 
     parser = argparse.ArgumentParser(prog="kvsim", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument("--version", action="version", version=f"kvsim {package_version()}",
+                        help="print the version of kvsim and exit")
+    # CommandParser: a command's own errors (unknown options included) show its own usage.
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=CommandParser,
+                                help="one of these (kvsim COMMAND --help for its options)")
     for module in (bench, run, copy_model, explore, detect, replay_cache, sweep_cli, calibrate,
-                   validate):
+                   validate, presets):
         module.add_parser(sub)
-    for command in sub.choices.values():  # so that a command's errors show its own usage
-        command.set_defaults(_parser=command)
+    polish(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, extra = build_parser().parse_known_args(argv)
-    if extra:
-        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # before the command (the command's parser rejects its own)
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return int(args.func(args))
 
 

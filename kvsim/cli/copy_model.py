@@ -7,10 +7,12 @@ import json
 import sys
 from functools import lru_cache
 
+from kvsim.cli._common import byte_size
 from kvsim.errors import KvsimError
 from kvsim.hardware import HardwareSpec, load_hardware
 from kvsim.model.copy_paths import PATHS, CopyRequest, estimate
 from kvsim.output_dir import OutputDirError, open_output_dir
+from kvsim.validation import parse_size
 
 FIELDS = ("hardware", "path", "direction", "page_bytes", "pages", "ctas", "inflight_bytes",
           "bidirectional", "aligned")
@@ -28,6 +30,12 @@ def predict(fields: dict) -> dict:
     if "hardware" not in fields:
         raise ValueError("missing field 'hardware'")
     hw = _hardware(str(fields["hardware"]))
+    for key in ("page_bytes", "inflight_bytes"):  # "16 KiB" as in scenario files
+        if isinstance(fields.get(key), str):
+            try:
+                fields = {**fields, key: parse_size(fields[key])}
+            except ValueError as e:
+                raise ValueError(f"{key}: {e}") from None
     req = CopyRequest(
         path=fields.get("path", hw.default_path()),
         direction=fields.get("direction", "offload"),
@@ -48,23 +56,32 @@ def predict(fields: dict) -> dict:
 
 def add_parser(sub) -> None:
     p = sub.add_parser("copy-model", help="predict the time of one copy batch")
-    p.add_argument("--hardware", help="preset name or hardware JSON file")
-    p.add_argument("--path", choices=PATHS)
-    p.add_argument("--direction", choices=("offload", "onboard"), default="offload")
-    p.add_argument("--page-bytes", type=int)
-    p.add_argument("--pages", type=int)
-    p.add_argument("--ctas", type=int)
-    p.add_argument("--inflight-bytes", type=int)
+    p.add_argument("--hardware", help="preset name (kvsim presets lists them) or hardware JSON file")
+    p.add_argument("--path", choices=PATHS,
+                   help="copy path (default: the hardware's: kernel on coherent links, ce-batch "
+                        "on PCIe)")
+    p.add_argument("--direction", choices=("offload", "onboard"), default="offload",
+                   help="offload (GPU to host) or onboard (host to GPU); default offload")
+    p.add_argument("--page-bytes", type=byte_size(), metavar="SIZE",
+                   help="bytes per page: 16384, '16 KiB', '1 MiB', ...")
+    p.add_argument("--pages", type=int, help="pages in the batch")
+    p.add_argument("--ctas", type=int,
+                   help="kernel path: copy CTAs (default: the hardware's grid policy)")
+    p.add_argument("--inflight-bytes", type=byte_size(), metavar="SIZE",
+                   help="kernel path: bytes each CTA keeps in flight, e.g. '32 KiB' (default: "
+                        "the preset's)")
     p.add_argument("--bidirectional", action="store_true",
                    help="the opposite direction is busy at the same time")
     p.add_argument("--unaligned", action="store_true",
                    help="pages, strides or bases not 16-byte multiples (fallback kernel)")
     p.add_argument("--batch", metavar="FILE.jsonl",
-                   help="one request per line (same field names); one JSON result per line")
+                   help="one request per line (same field names; sizes may be '16 KiB'); one JSON "
+                        "result per line")
     p.add_argument("--json", action="store_true", help="print JSON (always on with --batch)")
     p.add_argument("--compare", metavar="MEASUREMENT.json",
                    help="compare the preset with a copy-bench measurement (hw/bench_copy.py)")
-    p.add_argument("--out", help="with --compare: report directory")
+    p.add_argument("--out", help="with --compare: report directory (default "
+                   "reports/copy-model-<hardware>)")
     p.set_defaults(func=run)
 
 

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("detect", help="detect the CPU-GPU link, SM and copy-engine counts (needs CUDA)")
+    p = sub.add_parser("detect", help="detect the CPU-GPU link, SM and copy-engine counts (needs CUDA)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--write-hardware", metavar="FILE",
@@ -59,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry (``python -m kvsim.cli.detect``), same options as ``kvsim detect``."""
+    from kvsim.cli._common import CommandParser, polish
+
     parser = argparse.ArgumentParser(prog="kvsim")
-    add_parser(parser.add_subparsers(dest="command", required=True))
+    add_parser(parser.add_subparsers(dest="command", required=True, parser_class=CommandParser))
+    polish(parser, {})
     args = parser.parse_args(["detect", *(sys.argv[1:] if argv is None else argv)])
     return int(args.func(args))
 

@@ -13,7 +13,7 @@ from kvsim.scenario.load import load_scenario_file
 
 def add_parser(sub) -> None:
     p = sub.add_parser("explore", help="re-run a scenario under many seeded schedules")
-    p.add_argument("scenario")
+    p.add_argument("scenario", help="scenario YAML file (executor: sim)")
     p.add_argument("--schedules", type=int, default=200,
                    help="how many seeded schedules to run per variant (default 200)")
     p.add_argument("--seed", type=int, default=0, help="seed of the schedule seeds (default 0)")

@@ -24,16 +24,17 @@ def add_parser(sub) -> None:
                      help="hw executor: sign every page and check every migrated page")
     run.add_argument("--record-trace", metavar="FILE.jsonl",
                      help="hw executor: write the calls it ran as an op trace")
-    run.add_argument("--quiet", action="store_true")
+    run.add_argument("--quiet", action="store_true", help="no progress on stderr")
     run.set_defaults(func=run_command)
 
     check = sub.add_parser("validate-scenario", help="check a scenario file without running it")
-    check.add_argument("scenario")
-    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    check.add_argument("scenario", help="scenario YAML file (or a sweep file with a 'sweep:' block)")
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a scenario field, as kvsim run --set does")
     check.set_defaults(func=validate_command)
 
     report = sub.add_parser("report", help="redraw a results directory's report and figures")
-    report.add_argument("results_dir")
+    report.add_argument("results_dir", help="a directory kvsim run wrote (holds results.json)")
     report.set_defaults(func=report_command)
 
 

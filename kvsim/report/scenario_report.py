@@ -162,7 +162,9 @@ def _latency_cdf_figure(results: dict, path: Path) -> None:
             by_api.setdefault(c["api"], []).append(c["latency_ms"])
     for api, values in sorted(by_api.items()):
         v = np.sort(np.asarray(values))
-        ax.step(v, np.arange(1, v.size + 1) / v.size, where="post", label=f"{api} (n={v.size})")
+        # From 0 at the first sample, so that one sample still draws its step (a vertical line).
+        ax.step(np.r_[v[0], v], np.r_[0.0, np.arange(1, v.size + 1) / v.size], where="post",
+                marker="o" if v.size <= 20 else None, markersize=3, label=f"{api} (n={v.size})")
     ax.set_xscale("symlog", linthresh=1e-3)
     ax.set_xlabel("latency (ms)")
     ax.set_ylabel("fraction of calls")
@@ -314,6 +316,10 @@ def _answer(results: dict) -> str:
     refs = [(n, m, r) for n, v in runs.items()
             for m, r in v.get("reference", {}).get("metrics", {}).items()
             if r.get("error_pct") is not None]
+    growth_failed = [c for c in results["calls"] if c["phase"] == "growth" and not c["ok"]]
+    if growth_failed:  # first: every figure above describes a run whose growth did not happen
+        parts.insert(0, f"the growth resize FAILED in the base run ({len(growth_failed)} of its "
+                        f"calls; first: {growth_failed[0].get('error') or 'returned False'})")
     text = "; ".join(parts) + "."
     if refs:
         text += " Against the reference figures: " + "; ".join(

@@ -1,6 +1,6 @@
 """The manager's ReentrantSharedMutex, as a SimPy resource.
 
-Semantics (KVCM2, DESIGN.md section 3):
+Semantics (KVCM2's, as the seed PR #18541 describes its lock):
 * exclusive: one holder; shared: any number of holders, never together with an exclusive one;
 * a nested acquisition (either mode) by the thread that holds the lock exclusively is a no-op;
 * nesting inside a *shared* hold, or upgrading shared -> exclusive, hangs on the real lock. Here it

@@ -25,7 +25,8 @@ def add_parser(sub) -> None:
                    help="grid (every point; default without --sample), random or lhs "
                         "(default with --sample)")
     p.add_argument("--seed", type=int, help="sweep seed (default: the sweep block's, else 0)")
-    p.add_argument("--backend", choices=("local", "dask"), default="local")
+    p.add_argument("--backend", choices=("local", "dask"), default="local",
+                   help="where the points run: local processes (default) or a Dask cluster")
     p.add_argument("--workers", type=int, help="worker processes (default: CPU count)")
     p.add_argument("--scheduler", metavar="ADDRESS",
                    help="dask: an existing scheduler (default: a LocalCluster)")
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
                    help="also print the table as CSV on stdout (results.csv is always written)")
     p.add_argument("--latency-target-ms", type=float, help="for the report's cheapest configuration")
     p.add_argument("--no-report", action="store_true", help="write the table only")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
 
     r = sub.add_parser("sweep-report", help="capacity-planning report from a sweep table")
@@ -46,7 +47,8 @@ def add_parser(sub) -> None:
                    "(default: resize_copies_done_p50_ms, else resize_p50_ms, else probe_p99_ms)")
     r.add_argument("--cost", help="a numeric cost column (default: the rank of hardware preset "
                    "(cfg_hw_rank), then tier bytes)")
-    r.add_argument("--quiet", action="store_true")
+    r.add_argument("--quiet", action="store_true",
+                   help="do not print the report's path on stderr")
     r.set_defaults(func=run_report)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -81,16 +82,29 @@ def _lines(ax, df, x: str, y: str, group_cols: list[str], styles: dict | None = 
         return 0
     labels = _labels(rows, group_cols)
     rows = rows.assign(_label=labels)
-    n = 0
+    curves = {}
     for label in sorted(set(labels)):
-        g = rows[rows["_label"] == label]
-        med = g.groupby(x)[y].median().sort_index()
-        xs = med.index.astype("float64").to_numpy()
-        ys = med.astype("float64").to_numpy()
-        kw = (styles or {}).get(label, {})
-        ax.plot(xs, ys, marker="o", label=label, **kw)
-        n += 1
-    return n
+        med = rows[rows["_label"] == label].groupby(x)[y].median().sort_index()
+        curves[label] = (med.index.astype("float64").to_numpy(), med.astype("float64").to_numpy())
+    # Identical lines would hide each other: each set of identical ones is drawn once, its
+    # label naming them all (wrapped, so the legend stays narrow).
+    merged: list[tuple[list[str], tuple]] = []
+    for label, (xs, ys) in curves.items():
+        for labels_, (mx, my) in merged:
+            if mx.shape == xs.shape and (mx == xs).all() and \
+                    (abs(my - ys) <= 1e-9 * max(abs(my).max(), 1e-300)).all():
+                labels_.append(label)
+                break
+        else:
+            merged.append(([label], (xs, ys)))
+    markers = ["o", "s", "^", "D", "v", "P", "X", "*"]
+    for i, (labels_, (xs, ys)) in enumerate(merged):
+        text = labels_[0] if len(labels_) == 1 else \
+            f"{len(labels_)} identical: " + "; ".join(labels_)
+        kw = {"marker": markers[i % len(markers)], "alpha": 0.9} | \
+            ((styles or {}).get(labels_[0], {}) if len(labels_) == 1 else {})
+        ax.plot(xs, ys, label=textwrap.fill(text, 48), **kw)
+    return len(merged)
 
 
 def _styles(df, color_cols: list[str], dash_col: str | None) -> dict[str, dict]:
@@ -125,7 +139,7 @@ def fig_resize_vs_length(ok, out: Path) -> tuple[str | None, str]:
         return None, "needs resize latencies at two or more sequence lengths"
     color_cols = ["cfg_hardware", "cfg_link"]
     styles = _styles(rows, color_cols, "cfg_copy_path")
-    fig, axes = new_figure(8.0, 7.5, rows=2)
+    fig, axes = new_figure(11.0, 7.5, rows=2)
     _lines(axes[0], rows, "cfg_history_tokens", "resize_p50_ms", color_cols + ["cfg_copy_path"],
            styles)
     axes[0].set_ylabel("resize() call, p50 [ms]")
@@ -136,7 +150,8 @@ def fig_resize_vs_length(ok, out: Path) -> tuple[str | None, str]:
     for ax in axes:
         ax.set_xlabel("sequence length (history tokens)")
         ax.grid(True, alpha=0.3)
-    (axes[1] if drawn else axes[0]).legend(fontsize=7, loc="upper left")
+    for ax in axes[:2 if drawn else 1]:
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, out / "resize_vs_length.png")
     return "resize_vs_length.png", ("Burst-resize latency against sequence length: the call "
                                     "(top) and until its copies are done (bottom); colour = "
@@ -150,14 +165,14 @@ def fig_probe_vs_interval(ok, out: Path) -> tuple[str | None, str]:
     if rows["cfg_probe_interval_us"].nunique() < 2:
         return None, "needs probe p99 at two or more probe intervals"
     cols = ["cfg_lock_policy"] + (["cfg_hardware"] if rows["cfg_hardware"].nunique() > 1 else [])
-    fig, ax = new_figure(8.0, 4.5)
+    fig, ax = new_figure(10.0, 4.5)
     _lines(ax, rows, "cfg_probe_interval_us", "probe_p99_ms", cols)
     ax.set_xscale("symlog", linthresh=1.0)
     ax.set_xlabel("think time between one thread's probes [us] (0 = closed loop, highest rate)")
     ax.set_ylabel("probe_reuse p99 [ms]")
     ax.set_title("Probe p99 vs probe rate, per lock policy")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     save(fig, out / "probe_p99_vs_interval.png")
     return "probe_p99_vs_interval.png", ("Probe p99 latency against the interval between probes "
                                          "(rate falls to the right), one line per lock policy.")
@@ -207,7 +222,8 @@ def with_cost(ok, cost: str | None = None):
     labels = [f"{hw if isinstance(hw, str) else '-'} / {float(b) / GIB:.3g} GiB"
               for hw, b in zip(rows["cfg_hardware"].astype(object), rows["_bytes"])]
     return (rows.drop(columns=["_rank", "_bytes"]).assign(_cost=costs, _cost_label=labels),
-            "cost rank (hardware preset, then tier bytes)")
+            "platform rank (an ordinal, not a price: hardware preset, then tier bytes; "
+            "--cost COLUMN for a price)")
 
 
 def pareto_front(rows, latency: str):

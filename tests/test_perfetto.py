@@ -90,20 +90,39 @@ def test_times_are_microseconds_of_the_results_clock(sim_run):
         assert by_index[c["index"]]["dur"] == pytest.approx(c["latency_ms"] * 1e3, abs=EPS_US)
 
 
-def test_each_workload_thread_has_a_call_track_and_a_lock_track(sim_run):
+def test_each_workload_thread_has_a_call_track_a_lock_track_and_a_gil_track(sim_run):
     results, _, trace = sim_run
     assert process_names(trace) == {1: "threads", 2: "copies"}
     tracks = track_names(trace, "threads")
     threads = sorted({c["thread"] for c in results["calls"]})
     assert len(threads) == 4  # three probers and the resize
-    # tids in sorted thread-name order: each thread's calls, then its lock
-    assert list(tracks.values()) == [n for t in threads for n in (t, f"{t} / lock")]
+    # tids in sorted thread-name order: each thread's calls, then its lock, then its GIL
+    assert list(tracks.values()) == [n for t in threads
+                                     for n in (t, f"{t} / lock", f"{t} / GIL")]
     assert sorted(tracks) == list(tracks)
     all_tids = [e["tid"] for e in trace["traceEvents"] if e["name"] == "thread_name"]
     assert len(all_tids) == len(set(all_tids))  # Perfetto keys threads by tid alone
     assert not set(all_tids) & set(process_names(trace))
     for e in slices(trace, pid=1):
         assert e["tid"] in tracks
+
+
+def test_gil_holds_of_the_simulator_are_on_each_thread_s_gil_track(sim_run):
+    """One slice per recorded hold, on its thread's GIL track; holds of one thread never overlap,
+    and every call's Python (it holds the GIL on entry) lies after some hold began."""
+    results, _, trace = sim_run
+    holds = results["_gil_holds"]
+    assert holds, "the simulator records GIL holds"
+    tracks = {name: tid for tid, name in track_names(trace, "threads").items()}
+    gil = slices(trace, pid=1, cat="gil")
+    assert len(gil) == sum(1 for t, a, b in holds if b > a and f"{t} / GIL" in tracks)
+    for e in gil:
+        assert track_names(trace, "threads")[e["tid"]].endswith(" / GIL")
+    # no two threads hold the GIL at once
+    spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in gil)
+    for (_a0, a1), (b0, _b1) in zip(spans, spans[1:]):
+        assert b0 >= a1 - EPS_US
+    assert "exported" in trace["otherData"]["gil_holds"]
 
 
 def test_one_slice_per_manager_call_on_its_thread_s_track(sim_run):

@@ -25,9 +25,11 @@ Times: ``ts`` and ``dur`` are microseconds from the start of the run (simulated 
 nanoseconds. What never ended (a call, wait, hold or copy cut off by a deadlock) runs to the
 run's end, ``results["sim"|"hw"]["end_time_s"]``, and says ``"unfinished": true`` in its args.
 
-GIL holds are not exported: the results carry only GIL totals (``lock.gil_acquisitions`` and
-``lock.gil_wait_s``; the hardware executor cannot observe the real GIL at all), and
-``otherData`` repeats the count.
+GIL holds: from the simulator, a third track per thread, ``"<thread> / GIL"``, with a slice
+per hold (``GIL``, granted to released), read from the run's private ``_gil_holds`` (held in
+memory, not written to results.json, so ``kvsim report`` on a results directory cannot add
+them). The hardware executor cannot observe the real GIL: its traces have the track, empty, and
+``otherData.gil_holds`` says which.
 
 Size: at most ``max_events`` slices (:data:`MAX_EVENTS`, 200,000) are written, the earliest in
 time (ties: by process, track); the metadata events naming processes and tracks do not count.
@@ -81,8 +83,9 @@ def _thread_events(results: dict, end_ns: int) -> tuple[list[dict], list[dict]]:
     meta, out = [], []
     tid_of = {}
     for i, thread in enumerate(threads):
-        tid_of[thread] = FIRST_TID + 2 * i
-        for tid, label in ((tid_of[thread], thread), (tid_of[thread] + 1, f"{thread} / lock")):
+        tid_of[thread] = FIRST_TID + 3 * i
+        for tid, label in ((tid_of[thread], thread), (tid_of[thread] + 1, f"{thread} / lock"),
+                           (tid_of[thread] + 2, f"{thread} / GIL")):
             meta += [_meta("thread_name", THREADS_PID, tid, {"name": label}),
                      _meta("thread_sort_index", THREADS_PID, tid, {"sort_index": tid})]
     last_end = dict.fromkeys(tid_of.values(), 0)
@@ -114,6 +117,10 @@ def _thread_events(results: dict, end_ns: int) -> tuple[list[dict], list[dict]]:
             out.append(_slice(f"lock hold ({c['mode']})", "lock", THREADS_PID, tid + 1, granted,
                               end_ns if released is None else released,
                               lock_args | ({"unfinished": True} if released is None else {})))
+    for thread, start_ms, end_ms in results.get("_gil_holds", ()):
+        if thread in tid_of and end_ms > start_ms:
+            out.append(_slice("GIL", "gil", THREADS_PID, tid_of[thread] + 2, _ns(start_ms),
+                              _ns(end_ms), {}))
     return meta, out
 
 
@@ -189,7 +196,10 @@ def trace_events(results: dict, max_events: int = MAX_EVENTS) -> dict:
         "slices_left_out": len(left_out),
         "cut_at_us": left_out[0][0] if left_out else None,
         "gil_acquisitions": lock.get("gil_acquisitions"),
-        "gil_holds": "not exported: the results carry GIL totals only (lock.gil_wait_s)",
+        "gil_holds": ("exported: one slice per hold on each thread's GIL track"
+                      if results.get("_gil_holds") else
+                      "none recorded (the hardware executor cannot observe the real GIL, or a "
+                      "results.json read back without them)"),
     }
     return {"traceEvents": meta + kept, "otherData": other}
 

@@ -137,6 +137,7 @@ class GilStats:
 
     acquisitions: int = 0
     wait_s: dict[str, float] = field(default_factory=dict)
+    holds: list[tuple[str, float, float]] = field(default_factory=list)  # (thread, from, to)
 
 
 @dataclass

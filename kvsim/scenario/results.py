@@ -153,6 +153,8 @@ def timed_results(scenario: Scenario, manager: KVCacheManager, run: RunResult,
         "copies": metrics.copies_summary(run),
         "hardware": hardware_name,
     }
+    if run.gil.holds:  # for the trace export only: not in results.json (bulky)
+        out["_gil_holds"] = [(t, a * 1e3, b * 1e3) for t, a, b in run.gil.holds]
     if any(c.api == "KVCacheManager.probe_reuse" for c in run.calls):
         out["probe"] = metrics.probes_during_holds(run)
     if run.thread_starts:  # when the main thread started each workload thread, and it ran

@@ -381,7 +381,8 @@ class SimExecutor:
         stuck = self._stuck() if ended else []
         return RunResult(self.log.calls, self.stream.records, self.link.stats, self.lock.policy,
                          self.lock.log, self.lock.hazards,
-                         GilStats(self.gil.acquisitions, self.gil.wait_s), stuck, self.deadlocks,
+                         GilStats(self.gil.acquisitions, self.gil.wait_s,
+                                  self.gil.holds_until(self.env.now)), stuck, self.deadlocks,
                          self.log.violations, self.env.now, self.env.events_processed,
                          self.thread_starts)
 

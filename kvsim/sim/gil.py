@@ -59,6 +59,10 @@ class Gil:
         self.acquisitions = 0
         self.forced_switches = 0
         self.wait_s: dict[str, float] = {}
+        # (thread, granted, released) of every hold, for the trace export; a hold still on at
+        # the end of the run is not in it (see :meth:`holds_until`)
+        self.hold_log: list[tuple[str, float, float]] = []
+        self._granted_at = 0.0
         self.drop_requested = env.event()  # succeeds when a waiter asks the holder to drop
 
     def waiting_threads(self) -> list[str]:
@@ -72,6 +76,7 @@ class Gil:
 
     def _grant(self, thread: str) -> None:
         self.owner, self.depth = thread, 1
+        self._granted_at = self.env.now
         self.acquisitions += 1
         self.drop_requested = self.env.event()
         if self.handover is not None and self._workers_waiting():
@@ -165,6 +170,7 @@ class Gil:
         if self.depth:
             return
         self.owner = None
+        self.hold_log.append((thread, self._granted_at, self.env.now))
         if self._waiting:
             nxt, event = self._waiting.popleft() if self._rng is None else self._pick_waiter()
             self._grant(nxt)
@@ -177,6 +183,12 @@ class Gil:
         entry = self._waiting[i]
         del self._waiting[i]
         return entry
+
+    def holds_until(self, end: float) -> list[tuple[str, float, float]]:
+        """Every hold, the one still on (if any) ending at ``end``."""
+        if self.owner is None:
+            return list(self.hold_log)
+        return [*self.hold_log, (self.owner, self._granted_at, end)]
 
     def release_fully(self, thread: str) -> int:
         """Drop every level of a nested hold (a binding's GIL release); returns the depth."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.manager.pages import PageTable
+from kvsim.manager.unique_ids import unique_ids
 
 
 class EvictableCounts:
@@ -30,7 +31,6 @@ class EvictableCounts:
         self.last_level = last_level
         self.counts = np.zeros(num_levels * num_groups, dtype=np.int64)
         self.cell = np.full(pages.capacity, -1, dtype=np.int32)
-        self._seen = np.zeros(pages.capacity, dtype=bool)  # scratch for de-duplicating reports
         self._pending: list[np.ndarray] = []
 
     def changed(self, ids: np.ndarray | list[int]) -> None:
@@ -50,15 +50,7 @@ class EvictableCounts:
             grown = np.full(p.capacity, -1, dtype=np.int32)
             grown[:self.cell.size] = self.cell
             self.cell = grown
-            self._seen = np.zeros(p.capacity, dtype=bool)
-        # Each row once (a duplicate would be counted twice). Many reports: a mask over the
-        # rows, linear; few: a sort of the reports alone.
-        if ids.size * 8 > self._seen.size:
-            self._seen[ids] = True
-            ids = np.flatnonzero(self._seen).astype(np.int32)
-            self._seen[ids] = False
-        else:
-            ids = np.unique(ids)
+        ids = unique_ids(ids)  # each row once: a duplicate would count twice
         old = self.cell[ids]
         levels = p.level[ids].astype(np.int64)
         live = levels >= 0

@@ -32,6 +32,7 @@ from kvsim.manager.pages import PageTable
 from kvsim.manager.plan import CopyBatch, Plan
 from kvsim.manager.slots import SlotAllocator
 from kvsim.manager.stats import Statistics
+from kvsim.manager.unique_ids import unique_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,8 +258,8 @@ class Storage:
             return
         p = self.pages
         levels, groups, slots = p.level[ids], p.pool_group[ids], p.slot[ids]
-        for lv in np.unique(levels).tolist():
-            for g in np.unique(groups[levels == lv]).tolist():
+        for lv in unique_ids(levels).tolist():
+            for g in unique_ids(groups[levels == lv]).tolist():
                 sel = (levels == lv) & (groups == g)
                 self.allocators[lv][g].release(slots[sel])
         p.free(ids)

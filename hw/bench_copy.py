@@ -323,6 +323,17 @@ class Bench:
         self.skipped.append(what)
         print(f"  SKIPPED (time budget): {what}", flush=True)
 
+    def section_failed(self, what: str, exc: BaseException) -> None:
+        """A section raised: count and list it, print the traceback, and let the device finish
+        whatever the section left queued, so that the next section starts clean."""
+        self.section_errors += 1
+        self.problems.append(f"{what}: {type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        try:
+            self.cp.cuda.runtime.deviceSynchronize()
+        except Exception:
+            pass
+
     # ------------------------------------------------------------------ sections
     def probe_batch_signature(self) -> dict:
         """Two 4 KiB pages through cudaMemcpyBatchAsync, to see the binding's return form."""
@@ -864,6 +875,20 @@ def provenance(dev: int) -> dict:
     }
 
 
+def write_doc(doc: dict, bench: Bench | None, path: str, t0: float) -> None:
+    """Write ``doc`` (with the bench's records, problems and skips so far) to ``path``
+    atomically: a crash mid-run leaves the last complete file."""
+    if bench is not None:
+        doc["records"] = bench.records
+        doc["problems"] = bench.problems
+        doc["skipped_for_time"] = bench.skipped
+        doc["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m hw.bench_copy", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory for <date>-copy-bench.json")
@@ -898,15 +923,7 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
 
     def dump() -> None:
-        if bench is not None:
-            doc["records"] = bench.records
-            doc["problems"] = bench.problems
-            doc["skipped_for_time"] = bench.skipped
-            doc["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-        os.replace(tmp, path)
+        write_doc(doc, bench, path, t0)
 
     try:
         bench = Bench(args)
@@ -936,13 +953,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     fn()
             except Exception as exc:
-                bench.section_errors += 1
-                bench.problems.append(f"section {nm}: {type(exc).__name__}: {exc}")
-                traceback.print_exc()
-                try:
-                    bench.cp.cuda.runtime.deviceSynchronize()
-                except Exception:
-                    pass
+                bench.section_failed(f"section {nm}", exc)
             print(f"-- {nm} done at {time.perf_counter() - t0:.1f} s", flush=True)
             dump()
         doc["nvml_end"] = nvml_snapshot(args.device, brief=True)

@@ -68,7 +68,15 @@ from typing import Any
 
 import numpy as np
 
-from hw.bench_copy import GATED_BATCH_MAX, GATED_PERPAGE_MAX, POISON, Bench, nvml_snapshot, provenance
+from hw.bench_copy import (
+    GATED_BATCH_MAX,
+    GATED_PERPAGE_MAX,
+    POISON,
+    Bench,
+    nvml_snapshot,
+    provenance,
+    write_doc,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 LIST_SCHEMA = "kvsim-plan-batch-list/1"
@@ -581,15 +589,8 @@ def main(argv: list[str] | None = None) -> int:
     rc = 0
 
     def dump() -> None:
-        if bench is not None:
-            doc["records"] = bench.records
-            doc["problems"] = bench.problems
-            doc["skipped_for_time"] = bench.skipped
-        doc["elapsed_s"] = round(time.perf_counter() - t0, 1)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1, default=str)
-        os.replace(tmp, path)
+        doc["elapsed_s"] = round(time.perf_counter() - t0, 1)  # also before the bench exists
+        write_doc(doc, bench, path, t0)
 
     last_dump = [time.perf_counter()]
 
@@ -611,13 +612,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 bench.run_group(key, grp)
             except Exception as exc:
-                bench.section_errors += 1
-                bench.problems.append(f"pool set {key}: {type(exc).__name__}: {exc}")
-                traceback.print_exc()
-                try:
-                    bench.cp.cuda.runtime.deviceSynchronize()
-                except Exception:
-                    pass
+                bench.section_failed(f"pool set {key}", exc)
             print(f"-- pool set done at {time.perf_counter() - t0:.1f} s", flush=True)
             dump()
         doc["nvml_end"] = nvml_snapshot(args.device, brief=True)

@@ -22,15 +22,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def scenario_files() -> list[Path]:
-    import yaml
+    from kvsim.scenario.load import shipped_scenario_files
 
-    out = []
-    for path in sorted((REPO / "scenarios").rglob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
-        if not isinstance(data, dict) or "sweep" in data or data.get("executor") == "hw":
-            continue
-        out.append(path)
-    return out
+    return shipped_scenario_files(REPO)
 
 
 def results_of(path: Path) -> dict[str, str]:

@@ -158,15 +158,9 @@ def layout_sweep() -> list[dict]:
 def scenario_files() -> list[Path]:
     """The shipped scenarios the simulator or the plan executor runs (sweeps and ``executor: hw``
     left out), as ``tools/check_results_unchanged.py`` enumerates them."""
-    import yaml
+    from kvsim.scenario.load import shipped_scenario_files
 
-    out = []
-    for path in sorted((REPO / "scenarios").rglob("*.yaml")):
-        data = yaml.safe_load(path.read_text())
-        if not isinstance(data, dict) or "sweep" in data or data.get("executor") == "hw":
-            continue
-        out.append(path)
-    return out
+    return shipped_scenario_files(REPO)
 
 
 @dataclasses.dataclass

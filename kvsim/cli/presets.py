@@ -54,24 +54,19 @@ def list_presets(kinds: tuple[str, ...] = KINDS) -> tuple[list[dict], list[str]]
     from kvsim.model.cpu_cost import CPU_PRESET_DIR, cpu_preset_names, load_cpu_model
 
     rows, errors = [], []
-    if "hardware" in kinds:
-        for name in preset_names():
+    for kind, names, load, folder in (("hardware", preset_names, load_hardware, PRESET_DIR),
+                                      ("cpu-cost", cpu_preset_names, load_cpu_model,
+                                       CPU_PRESET_DIR)):
+        if kind not in kinds:
+            continue
+        for name in names():
             try:
-                hw = load_hardware(name)
+                preset = load(name)
             except KvsimError as e:
                 errors.append(str(e))
                 continue
-            rows.append(describe("hardware", hw.name, hw.description, hw.sources,
-                                 str(PRESET_DIR / f"{name}.json")))
-    if "cpu-cost" in kinds:
-        for name in cpu_preset_names():
-            try:
-                cpu = load_cpu_model(name)
-            except KvsimError as e:
-                errors.append(str(e))
-                continue
-            rows.append(describe("cpu-cost", cpu.name, cpu.description, cpu.sources,
-                                 str(CPU_PRESET_DIR / f"{name}.json")))
+            rows.append(describe(kind, preset.name, preset.description, preset.sources,
+                                 str(folder / f"{name}.json")))
     return rows, errors
 
 

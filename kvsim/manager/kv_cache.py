@@ -45,7 +45,6 @@ from kvsim.manager.pages import NO_PAGE
 from kvsim.manager.plan import Plan
 from kvsim.manager.radix_tree import Node, Root, block_key
 from kvsim.manager.storage import EvictionStep
-from kvsim.manager.unique_ids import unique_ids
 
 if TYPE_CHECKING:
     from kvsim.manager.manager import KVCacheManager
@@ -232,11 +231,7 @@ class KvCache:
             plan.ok = False
             return False
         storage.apply_eviction(steps, plan, record=True)
-        levels = p.level[onboard]
-        for level in unique_ids(levels).tolist():
-            for g in unique_ids(p.pool_group[onboard[levels == level]]).tolist():
-                sel = onboard[(levels == level) & (p.pool_group[onboard] == g)]
-                storage.move(sel, level, 0, g, plan, record=True)
+        storage.move_to(onboard, 0, plan, record=True)
         if partial:
             self._copy_partial(ordinal, priorities, plan)
         ours = self.active_pages()
@@ -285,11 +280,7 @@ class KvCache:
             plan.ok = False
             return False
         storage.apply_eviction(steps, plan, record=False)
-        levels = p.level[colder]
-        for level in unique_ids(levels).tolist():
-            for g in unique_ids(p.pool_group[colder[levels == level]]).tolist():
-                sel = colder[(levels == level) & (p.pool_group[colder] == g)]
-                storage.move(sel, level, target, g, plan, record=False)
+        storage.move_to(colder, target, plan, record=False)
         p.lockers[ours] -= 1
         p.last_used[ours] = m._now
         storage.changed(ours)

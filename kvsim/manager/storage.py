@@ -197,6 +197,16 @@ class Storage:
         if self.stats is not None and record and (src == 0) != (dst == 0):
             self.stats.record_migration(batch.kind, pages.life_cycle[ids], c)
 
+    def move_to(self, ids: np.ndarray, dst: int, plan: Plan, record: bool) -> None:
+        """:meth:`move` pages from any levels and pool groups to level ``dst``: one copy batch
+        per (source level, pool group), in level order, then group order."""
+        p = self.pages
+        levels = p.level[ids]
+        for level in unique_ids(levels).tolist():
+            for g in unique_ids(p.pool_group[ids[levels == level]]).tolist():
+                self.move(ids[(levels == level) & (p.pool_group[ids] == g)], level, dst, g, plan,
+                          record)
+
     def copy_pages(self, src_ids: np.ndarray, dst_ids: np.ndarray, group: int,
                    plan: Plan) -> None:
         """Copy the data of pages ``src_ids`` (all on one level) into pages ``dst_ids``."""

@@ -36,6 +36,20 @@ def load_scenario_file(path: str | Path, overrides: list[str] | None = None) -> 
     return sf
 
 
+def shipped_scenario_files(root: Path) -> list[Path]:
+    """The scenario files under ``root/scenarios`` that the simulator or the plan executor runs
+    (sweep files and ``executor: hw`` scenarios left out), sorted by path."""
+    import yaml
+
+    out = []
+    for path in sorted((Path(root) / "scenarios").rglob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict) or "sweep" in data or data.get("executor") == "hw":
+            continue
+        out.append(path)
+    return out
+
+
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> Scenario:
     return load_scenario_file(path, overrides).base
 

@@ -181,8 +181,12 @@ def cta_counts(hw: Any, batch: dict, quick: bool = False) -> list[int]:
     return sorted(c for c in set(base) | set(opts) if c <= hw.kernel.sm_count)
 
 
-def points(hw: Any, batch: dict, quick: bool = False) -> list[tuple[str, int | None]]:
-    """(path, ctas) measured for one batch; ``select`` last."""
+def points(hw: Any, batch: dict, quick: bool = False,
+           select_only: bool = False) -> list[tuple[str, int | None]]:
+    """(path, ctas) measured for one batch; ``select`` last. ``select_only``: the selector's
+    pick as a fixed point, then ``select`` (a re-measurement of a changed selector)."""
+    if select_only:
+        return [selector_pick(hw, batch), (SELECT, None)]
     out: list[tuple[str, int | None]] = [("ce-page", None), ("ce-batch", None)]
     out += [("kernel", c) for c in cta_counts(hw, batch, quick)]
     return out + [(SELECT, None)]
@@ -234,7 +238,7 @@ def estimate_point_s(hw: Any, batch: dict, path: str, ctas: int | None, warmup: 
         est, real = choice.estimate, choice.path
     else:
         est, real = sel.price(path, d, layout, pages, True, ctas), path
-    run = est.seconds + est.host_seconds + EST_RUN_S
+    run = est.end_to_end_seconds + EST_RUN_S
     runs = warmup + samples
     if gateable(batch, real):
         runs *= 2
@@ -251,12 +255,12 @@ def estimate_group_s(key: tuple) -> float:
 
 
 def plan_table(hw: Any, batches: Sequence[dict], quick: bool, warmup: int,
-               samples: int) -> tuple[list[dict], float]:
+               samples: int, select_only: bool = False) -> tuple[list[dict], float]:
     rows, total = [], EST_COMPILE_S
     for key, grp in groups(batches):
         total += estimate_group_s(key)
         for b in grp:
-            pts = points(hw, b, quick)
+            pts = points(hw, b, quick, select_only)
             secs = sum(estimate_point_s(hw, b, p, c, warmup, samples) for p, c in pts)
             total += secs
             rows.append({"id": b["id"], "role": b["role"], "direction": b["direction"],
@@ -333,6 +337,7 @@ class PlanBench(Bench):
         self.args = args
         self.hw = hardware
         self.quick = bool(args.quick)
+        self.select_only = bool(args.select_only)
         self.dev = int(args.device)
         self.t_start = time.perf_counter()
         self.deadline = self.t_start + float(args.budget_s)
@@ -442,7 +447,7 @@ class PlanBench(Bench):
                   "direction": batch["direction"], "pool_slot_bytes": list(shape),
                   "pages": int(batch["pages"]), "page_bytes": int(sum(shape)),
                   "order": batch["order"], "pool_slots": batch["pool_slots"]}
-        for path, ctas in points(self.hw, batch, self.quick):
+        for path, ctas in points(self.hw, batch, self.quick, self.select_only):
             label = f"{batch['id']} {path}{'' if ctas is None else f' {ctas} CTAs'}"
             if self.time_left() < 0:
                 self.skip(label)
@@ -525,6 +530,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--out", help="directory for <date>-plan-batches.json (not needed with --dry-run)")
     ap.add_argument("--quick", action="store_true", help="smoke test: a few batches, 3 CTA counts")
+    ap.add_argument("--select-only", action="store_true",
+                    help="per batch only the selector's pick (as a fixed point) and select")
     ap.add_argument("--dry-run", action="store_true",
                     help="list batches, paths, bytes and the estimated run time; no GPU needed")
     ap.add_argument("--batches", help="batch list JSON (kvsim.calibration.plan_batches list --json); "
@@ -551,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     blist = load_list(args.batches, args.quick)
     batches = [b for b in blist["batches"] if b.get("quick") or not args.quick]
-    rows, est = plan_table(hw, batches, args.quick, args.warmup, args.samples)
+    rows, est = plan_table(hw, batches, args.quick, args.warmup, args.samples, args.select_only)
     if args.dry_run:
         print_plan(rows, est, len(groups(batches)))
         print(f"split: {blist['split']['rule']}")
@@ -569,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
         "schema": SCHEMA,
         "command": "python3 -m hw.bench_plan_batches " + " ".join(argv if argv is not None
                                                                  else sys.argv[1:]),
-        "mode": "quick" if args.quick else "full",
+        "mode": ("quick" if args.quick else "full") + (" select-only" if args.select_only else ""),
         "hardware_preset": args.hardware,
         "units": {"bandwidth": "GB/s = 1e9 bytes/s (payload bytes, one direction)",
                   "time": "ms (CUDA event elapsed time)"},

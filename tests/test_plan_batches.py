@@ -16,6 +16,7 @@ import pytest
 from hw.bench_plan_batches import (
     GATED_BATCH_MAX,
     GATED_PERPAGE_MAX,
+    QUICK_CTAS,
     cta_counts,
     decode_slots,
     encode_slots,
@@ -193,7 +194,11 @@ def test_points_cover_every_path_and_the_selector_ctas(sweep):
         assert set(sel.kernel_cta_options(b["direction"], min(b["pool_slot_bytes"]))) <= ctas
         pick = selector_pick(HW, b)
         assert pick in [(p, c) for p, c in pts]
-    assert cta_counts(HW, sweep[0], quick=True)[:1] == [2]
+    quick = cta_counts(HW, sweep[0], quick=True)
+    assert set(QUICK_CTAS) <= set(quick)
+    assert set(sel.kernel_cta_options(sweep[0]["direction"], 16384)) <= set(quick)
+    # a select-only run measures the pick as a fixed point, then select
+    assert points(HW, sweep[0], select_only=True) == [selector_pick(HW, sweep[0]), ("select", None)]
 
 
 def test_gating_follows_the_command_queue_limits():
@@ -223,7 +228,7 @@ def _record(batch: dict, path: str, ctas, timing: str, ms: float, status: str = 
 def _total_s(batch: dict, path: str, ctas) -> float:
     est = CopySelector(HW).price(path, batch["direction"], batch["pool_slot_bytes"],
                                  batch["pages"], True, ctas)
-    return est.seconds + est.host_seconds
+    return est.end_to_end_seconds
 
 
 def test_judge_on_a_synthetic_measurement():

@@ -38,7 +38,9 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     rc = main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet", "--gil-runs", "1",
                "--no-gil-fit", "--copy-measurement", str(m / "2026-12-02-copy-bench.json"),
                "--plan-copies", str(m / "2026-12-02-plan-copies.json"),
-               "--link-wake", str(m / "2026-12-02-link-wake.json"), "--hardware-name", "mine"])
+               "--link-wake", str(m / "2026-12-02-link-wake.json"), "--plan-batches",
+               "reports/validation-h200/plan-batches/2026-12-03-plan-batches.json.xz",
+               "--hardware-name", "mine"])
     assert rc == 0
     mine = json.loads((tmp_path / "mine.json").read_text())
     preset = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text())

@@ -15,6 +15,7 @@ from kvsim.calibration.hardware_json import GRID, NOTES, REF_INFLIGHT, TRT, S, m
 
 PLAN_COPIES = "reports/measurements/h200/2026-12-02-plan-copies.json"
 LINK_WAKE = "reports/measurements/h200/2026-12-02-link-wake.json"
+PLAN_BATCHES = "reports/validation-h200/plan-batches/2026-12-03-plan-batches.json.xz"
 
 MEASUREMENT = sys.argv[1] if len(sys.argv) > 1 else "reports/measurements/h200/2026-12-02-copy-bench.json"
 MEAS = json.loads(Path(MEASUREMENT).read_text())
@@ -33,11 +34,13 @@ BORROWED = {  # figures PCIe and Hopper presets borrow from the H200 measurement
     "H200_KERNEL_BIDIR": fitted(FIT["kernel_bidirectional_factor"], "kernel.bidirectional_factor"),
     "H200_CALL_HOST": fitted(FIT["per_call_host_us"], "copy_engine.per_call_host_us"),
     "H200_BATCH_HOST": fitted(FIT["batch_call_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
-    "H200_DESC_HOST": fitted(FIT["batch_descriptor_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us"),
+    "H200_DESC_HOST": {d: fitted(FIT["batch_descriptor_host_us"], "copy_engine.batch_call_host_us, batch_descriptor_host_us")
+                       for d in ("offload", "onboard")},
     "H200_LAUNCH_HOST": fitted(FIT["launch_host_us"], "kernel.launch_host_us"),
     # Filled in after the H200 preset is written (h200_copier): the copier's host costs.
     "H200_COPIER_BATCH_HOST": None,
     "H200_COPIER_PAGE_HOST": None,
+    "H200_COPIER_CE_HOST": None,
 }
 C2C_KERNEL_BIDIR = {"value": 1.0, "source": "not measured on C2C: the link's bidirectional factor alone limits both directions"}
 
@@ -85,12 +88,14 @@ def write(name, data):
 H200_DATA = measured_preset(
     "h200-sxm",
     "H200 SXM on an x86 host over PCIe Gen5 x16 (non-coherent), fitted to this repository's own H200 measurement. Kernel figures are for hw/copy_kernels.py's LDGSTS kernel.",
-    MEASUREMENT, PLAN_COPIES, LINK_WAKE)
+    MEASUREMENT, PLAN_COPIES, LINK_WAKE, PLAN_BATCHES)
 Path("kvsim/hardware/presets/h200-sxm.json").write_text(json.dumps(H200_DATA, indent=1) + "\n")
 BORROWED["H200_COPIER_BATCH_HOST"] = H200_DATA["copier"]["submit_batch_host_us"]
 BORROWED["H200_COPIER_PAGE_HOST"] = H200_DATA["copier"]["submit_page_host_us"]
+BORROWED["H200_COPIER_CE_HOST"] = H200_DATA["copier"]["submit_copy_engine_host_us"]
 NOT_MEASURED_PAGE_LATENCY = {d: S(0.0, "not measured on this GPU: no per-page term") for d in ("offload", "onboard")}
 NOT_MEASURED_BATCH_DEVICE = {d: S(0.0, "not measured on this GPU: the copier's index upload is not modelled") for d in ("offload", "onboard")}
+NOT_MEASURED_SMALL_COPY = {d: S(0.0, "not measured on this GPU: no small-copy term") for d in ("offload", "onboard")}
 NOT_MEASURED_WAKE = {d: S(0.0, "not measured on this GPU: no idle wake-up time") for d in ("offload", "onboard")}
 
 H200_KERNEL = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text())["kernel"]
@@ -111,6 +116,8 @@ def borrowed_preset(name, description, gpu, link, ce_count, ce_plateau, sm_count
         "per_call_host_us": "H200_CALL_HOST",
         "batch_call_host_us": "H200_BATCH_HOST",
         "batch_descriptor_host_us": "H200_DESC_HOST",
+        "batch_small_copy_host_us_per_kib": NOT_MEASURED_SMALL_COPY,
+        "batch_small_copy_max_bytes": S(0, "not measured on this GPU: no small-copy term"),
         "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
       "kernel": {
         "sm_count": sm_count,
@@ -126,6 +133,7 @@ def borrowed_preset(name, description, gpu, link, ce_count, ce_plateau, sm_count
       "copier": {"batch_device_us": NOT_MEASURED_BATCH_DEVICE,
                  "submit_batch_host_us": "H200_COPIER_BATCH_HOST",
                  "submit_page_host_us": "H200_COPIER_PAGE_HOST",
+                 "submit_copy_engine_host_us": "H200_COPIER_CE_HOST",
                  "idle_wake_us": NOT_MEASURED_WAKE,
                  "idle_after_ms": S(0.0, "not measured on this GPU (idle_wake_us is 0)")},
       "device_copy_gbps": device_copy}

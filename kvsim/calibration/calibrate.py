@@ -7,11 +7,11 @@
   the raw samples beside it.
 * ``--measure-copies`` (GPU machine): first runs the copy measurements into ``OUT``
   (``hw.bench_copy``, ``hw.bench_plan_copies``, ``hw.bench_link_wake``), then fits them as below.
-* ``--copy-measurement FILE`` [``--plan-copies FILE``] [``--link-wake FILE``] (any machine, files
-  from those benchmarks): fits the copy model and writes the hardware JSON
-  ``OUT/HARDWARE_NAME.json`` (:mod:`kvsim.calibration.hardware_json`) that scenarios take as
-  ``hardware:``; every figure names its measurement file, and the file keeps the GPU, driver,
-  CUDA and date it was measured with.
+* ``--copy-measurement FILE`` [``--plan-copies FILE``] [``--link-wake FILE``]
+  [``--plan-batches FILE``] (any machine, files from those benchmarks): fits the copy model and
+  writes the hardware JSON ``OUT/HARDWARE_NAME.json`` (:mod:`kvsim.calibration.hardware_json`)
+  that scenarios take as ``hardware:``; every figure names its measurement file, and the file
+  keeps the GPU, driver, CUDA and date it was measured with.
 """
 
 from __future__ import annotations
@@ -47,6 +47,8 @@ def add_parser(sub) -> None:
     p.add_argument("--copy-measurement", help="hw.bench_copy output to fit a hardware JSON to")
     p.add_argument("--plan-copies", help="hw.bench_plan_copies output (the copier's costs)")
     p.add_argument("--link-wake", help="hw.bench_link_wake output (first copy after idling)")
+    p.add_argument("--plan-batches", help="hw.bench_plan_batches output, .json or .json.xz (the "
+                                          "copy model refitted on its fit set)")
     p.add_argument("--hardware-name", default=None,
                    help="hardware JSON name (default calibrated-<host>)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"fitting the copy model to {args.copy_measurement}")
         data = measured_preset(hw_name, f"Fitted by kvsim calibrate on {host} from "
                                f"{args.copy_measurement}", args.copy_measurement, args.plan_copies,
-                               args.link_wake)
+                               args.link_wake, args.plan_batches)
         hardware_file = out / f"{hw_name}.json"
         hardware_file.write_text(json.dumps(data, indent=1) + "\n")
     cases = cpu_fit.measure(args.repeats, progress=say)

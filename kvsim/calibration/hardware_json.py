@@ -8,6 +8,9 @@ Inputs, all made on the GPU machine:
   gives the GPU name, driver, PCIe generation and width, SM and copy-engine counts;
 * optionally the plan-shaped batches (``python3 -m hw.bench_plan_copies``): the kernel's per-page
   latency and the hardware copier's costs (:mod:`kvsim.calibration.plan_copy_fit`);
+* optionally the plan-shaped batches of issue 23 (``python3 -m hw.bench_plan_batches``, the
+  ``.json`` or the committed ``.json.xz``): the copy model refitted on their pre-registered fit
+  set (:mod:`kvsim.calibration.plan_batch_fit`), replacing the figures that module names;
 * optionally the idle-wake run (``python3 -m hw.bench_link_wake``): the extra time of a first
   copy after an idle spell.
 
@@ -47,7 +50,8 @@ REF_INFLIGHT = {"offload": S(32768, TRT + ": kOffloadInFlightBytes (the offload 
 
 
 def measured_preset(name: str, description: str, copy_bench: str,
-                    plan_copies: str | None = None, link_wake: str | None = None) -> dict:
+                    plan_copies: str | None = None, link_wake: str | None = None,
+                    plan_batches: str | None = None) -> dict:
     """The hardware JSON (a dict, ready for ``json.dumps``) for the host the files measured."""
     meas = json.loads(Path(copy_bench).read_text())
     prov = meas["provenance"]
@@ -95,8 +99,11 @@ def measured_preset(name: str, description: str, copy_bench: str,
             "per_call_host_us": fitted(fitted_all["per_call_host_us"], "copy_engine.per_call_host_us"),
             "batch_call_host_us": fitted(fitted_all["batch_call_host_us"],
                                          r_batch),
-            "batch_descriptor_host_us": fitted(fitted_all["batch_descriptor_host_us"],
-                                               r_batch),
+            "batch_descriptor_host_us": {d: fitted(fitted_all["batch_descriptor_host_us"], r_batch)
+                                         for d in DIRS},
+            "batch_small_copy_host_us_per_kib": {
+                d: S(0.0, "not measured (no plan-batches run given): no small-copy term") for d in DIRS},
+            "batch_small_copy_max_bytes": S(0, "not measured (no plan-batches run given)"),
             "batch_curve": {d: [[fitted(pb, r_curve, 0), fitted(g, r_curve)]
                                 for pb, g in pd[d]["batch_curve"]] for d in DIRS}},
         "kernel": {
@@ -124,6 +131,7 @@ def measured_preset(name: str, description: str, copy_bench: str,
             "batch_device_us": {d: S(0.0, "not measured (no plan-copies run given)") for d in DIRS},
             "submit_batch_host_us": S(0.0, "not measured (no plan-copies run given)"),
             "submit_page_host_us": S(0.0, "not measured (no plan-copies run given)"),
+            "submit_copy_engine_host_us": S(0.0, "not measured (no plan-batches run given)"),
             "idle_wake_us": {d: S(0.0, "not measured (no idle-wake run given)") for d in DIRS},
             "idle_after_ms": S(0.0, "not measured (no idle-wake run given)")},
         "device_copy_gbps": {"value": round(d2d, 2),
@@ -149,7 +157,37 @@ def measured_preset(name: str, description: str, copy_bench: str,
         _add_plan_copies(data, plan_copies)
     if link_wake:
         data["copier"].update(_idle_wake(link_wake, gpu))
+    if plan_batches:
+        _add_plan_batches(data, plan_batches)
     return data
+
+
+def _add_plan_batches(data: dict, path: str) -> None:
+    """Replace the figures :func:`kvsim.calibration.plan_batch_fit.refit` fits, each with its
+    source: the file, its GPU and driver, and the module's rule for that figure."""
+    from kvsim.calibration import plan_batch_fit
+    from kvsim.calibration.plan_batches import load_measurement
+
+    meas = load_measurement(path)
+    _, report = plan_batch_fit.refit(hardware_from_dict(data, f"{data['name']} (being fitted)"), meas)
+    prov = meas["provenance"]
+    label = (f"{path} ({prov['gpu_name']}, driver {prov['nvml_start']['driver_version']}, "
+             f"{prov['date_utc'][:10]}): kvsim.calibration.plan_batch_fit, fit set only")
+    rule_of = {}
+    for rule_key, rule in plan_batch_fit.FIT_RULES.items():
+        section = None
+        for name in rule_key.split(", "):
+            if "." in name:
+                section, name = name.split(".", 1)
+            rule_of[(section, name)] = rule
+    for section, figs in report["figures"].items():
+        for name, value in figs.items():
+            src = f"{label}: {rule_of[(section, name)]}"
+            digits = 6 if name == "submit_page_host_us" else 4
+            if isinstance(value, dict):
+                data[section][name] = {d: S(round(v, digits), src) for d, v in value.items()}
+            else:
+                data[section][name] = S(round(value, digits) if isinstance(value, float) else value, src)
 
 
 def _add_plan_copies(data: dict, path: str) -> None:

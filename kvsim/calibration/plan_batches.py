@@ -385,11 +385,46 @@ def _point_key(path: str, ctas: int | None) -> str:
     return path if ctas is None else f"{path}:{ctas}"
 
 
-def judge(measurement: dict | str | Path, hardware_preset: str = "h200-sxm") -> dict:
+def load_measurement(path: str | Path) -> dict:
+    """A measurement file, plain JSON or xz-compressed (``.xz``, as committed)."""
+    path = Path(path)
+    if path.suffix == ".xz":
+        import lzma
+
+        return json.loads(lzma.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
+
+
+def measured_points(measurement: dict) -> tuple[dict[str, dict[str, dict[str, float]]], list[str]]:
+    """``({batch id: {point: {timing: median seconds}}}, left-out points)``: points are
+    ``path`` or ``kernel:CTAS``; timings ``issue``, ``gated`` and ``host`` (median host enqueue
+    time of the issue samples). Points whose data check failed are left out, and listed."""
+    batches = {b["id"] for b in measurement["batches"]}
+    measured: dict[str, dict[str, dict[str, float]]] = {}
+    bad_points: list[str] = []
+    for r in measurement.get("records", []):
+        bid = r["params"]["batch_id"]
+        if bid not in batches:
+            bad_points.append(f"{bid}: record of a batch not in the list")
+            continue
+        key = _point_key(r["path"], r["ctas"])
+        if r.get("status") != "ok" or r.get("median_ms") is None:
+            bad_points.append(f"{bid} {key} {r['timing']}: status {r.get('status')}")
+            continue
+        timing = r["timing"].replace("cuda_events_", "")
+        m = measured.setdefault(bid, {}).setdefault(key, {})
+        m[timing] = r["median_ms"] * 1e-3
+        if timing == "issue" and r.get("host_enqueue_ms"):
+            m["host"] = statistics.median(r["host_enqueue_ms"]) * 1e-3
+    return measured, bad_points
+
+
+def judge(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") -> dict:
     """The model's predictions for every measured (batch, path, CTAs) against the measurement.
 
-    * ``model``: predicted ``seconds + host_seconds`` (:meth:`CopySelector.price`, as the
-      simulator's timeline places a batch: submission, then the copy) against the median
+    * ``model``: predicted end-to-end time (``CopyEstimate.end_to_end_seconds`` of
+      :meth:`CopySelector.price`: ``host_seconds + seconds - overlap_seconds``, as the simulator's
+      timeline places a batch: the submission, and the copy once the device can start) against the median
       ``cuda_events_issue`` time (submission start to last byte); fixed-path points only.
     * ``device``: predicted ``seconds`` against the median ``cuda_events_gated`` time, where gated.
     * ``host``: predicted ``host_seconds`` against the median host enqueue time.
@@ -405,29 +440,15 @@ def judge(measurement: dict | str | Path, hardware_preset: str = "h200-sxm") -> 
     from kvsim.model.copy_select import CopySelector
 
     if not isinstance(measurement, dict):
-        measurement = json.loads(Path(measurement).read_text())
-    hw = load_hardware(hardware_preset)
+        measurement = load_measurement(measurement)
+    hw = load_hardware(hardware_preset) if isinstance(hardware_preset, str) else hardware_preset
+    if not isinstance(hardware_preset, str):
+        hardware_preset = hw.name
     sel = CopySelector(hw)
     batches = {b["id"]: b for b in measurement["batches"]}
     mismatches = [bid for bid, b in batches.items() if b.get("role") != role(b)]
     rows: list[dict] = []
-    bad_points: list[str] = []
-    measured: dict[str, dict[str, dict[str, float]]] = {}
-    for r in measurement.get("records", []):
-        bid = r["params"]["batch_id"]
-        b = batches.get(bid)
-        if b is None:
-            bad_points.append(f"{bid}: record of a batch not in the list")
-            continue
-        key = _point_key(r["path"], r["ctas"])
-        if r.get("status") != "ok" or r.get("median_ms") is None:
-            bad_points.append(f"{bid} {key} {r['timing']}: status {r.get('status')}")
-            continue
-        timing = r["timing"].replace("cuda_events_", "")
-        m = measured.setdefault(bid, {}).setdefault(key, {})
-        m[timing] = r["median_ms"] * 1e-3
-        if timing == "issue" and r.get("host_enqueue_ms"):
-            m["host"] = statistics.median(r["host_enqueue_ms"]) * 1e-3
+    measured, bad_points = measured_points(measurement)
     for bid, pts in measured.items():
         b = batches[bid]
         d, shape, pages = b["direction"], b["pool_slot_bytes"], int(b["pages"])
@@ -443,10 +464,10 @@ def judge(measurement: dict | str | Path, hardware_preset: str = "h200-sxm") -> 
             row = {"batch": bid, "role": role(b), "source": b["source"], "direction": d,
                    "layout": b.get("layout", layout_name(shape)), "pages": pages,
                    "order": b["order"], "point": key, "priced_as": real, "bytes": b["bytes"],
-                   "predicted_total_ms": (est.seconds + est.host_seconds) * 1e3,
+                   "predicted_total_ms": est.end_to_end_seconds * 1e3,
                    "predicted_device_ms": est.seconds * 1e3,
                    "predicted_host_ms": est.host_seconds * 1e3}
-            for t, pred in (("issue", est.seconds + est.host_seconds), ("gated", est.seconds),
+            for t, pred in (("issue", est.end_to_end_seconds), ("gated", est.seconds),
                             ("host", est.host_seconds)):
                 if t in m:
                     row[f"measured_{t}_ms"] = m[t] * 1e3
@@ -533,7 +554,7 @@ def judge(measurement: dict | str | Path, hardware_preset: str = "h200-sxm") -> 
 
 def print_judgement(j: dict) -> None:
     t = j["targets"]
-    for name, what in (("model", "end to end (issue) vs predicted seconds + host_seconds"),
+    for name, what in (("model", "end to end (issue) vs predicted end to end"),
                        ("device", "device (gated) vs predicted seconds"),
                        ("host", "host enqueue vs predicted host_seconds")):
         for w in ("judge", "fit"):

@@ -87,7 +87,11 @@ class CopyEngineSpec:
     per_copy_device_us: PerDirection  # fixed device time of one cudaMemcpyAsync
     per_call_host_us: Number  # host time to issue one cudaMemcpyAsync
     batch_call_host_us: Number  # host time of one cudaMemcpyBatchAsync call ...
-    batch_descriptor_host_us: Number  # ... plus this per descriptor
+    batch_descriptor_host_us: PerDirection  # ... plus this per descriptor ...
+    # ... plus this per KiB of a page smaller than batch_small_copy_max_bytes (small copies cost
+    # the host more per descriptor, onboard; measured by the plan-shaped batches).
+    batch_small_copy_host_us_per_kib: PerDirection
+    batch_small_copy_max_bytes: Number
     # Batched-copy throughput by page size: [[page_bytes, gbps], ...] per direction, ascending;
     # interpolated in log(page_bytes), clamped at the ends. Captures the small-copy cliff.
     batch_curve: PerDirectionMap(Curve)
@@ -126,12 +130,15 @@ class CopierSpec:
     """What this project's hardware copier (:class:`hw.executor_copies.PlanCopier`) adds to a
     kernel-path batch on this machine, beyond the kernel launches: device time before the first
     launch runs (the slot-index upload) and host time to submit (path selection, CUDA events,
-    index upload), per batch and per page; and the extra device time of a batch that starts
-    after the copy stream has been idle for at least ``idle_after_ms``."""
+    index upload), per batch and per page, and what it adds to a per-page copy-engine batch; and
+    the extra device time of a batch that starts after the copy stream has been idle for at least
+    ``idle_after_ms``."""
 
     batch_device_us: PerDirection
     submit_batch_host_us: Number
     submit_page_host_us: Number
+    # Host time the copier adds to a per-page copy-engine batch (its Python around the calls).
+    submit_copy_engine_host_us: Number
     idle_wake_us: PerDirection
     idle_after_ms: Number
 

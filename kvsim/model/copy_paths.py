@@ -6,8 +6,12 @@ to the link model, and ``kvsim copy-model`` prints it for one batch alone on the
 Paths and formulas (B = pages x page_bytes bytes; ``link`` = one direction's bandwidth, times the
 bidirectional factor when the other direction is busy):
 
-* ``ce-page``  -- one ``cudaMemcpyAsync`` per page on one stream:
-  ``t = pages * per_copy_device_us + B / min(ce_plateau, link)``; host: ``pages * per_call_host_us``.
+* ``ce-page``  -- one ``cudaMemcpyAsync`` per page on one stream, the device copying while the host
+  still submits: a copy takes ``d = per_copy_device_us + page_bytes / min(ce_plateau, link)`` on
+  the device and ``h = per_call_host_us`` on the host, so the device starts after the first call
+  and then runs at the slower of the two: device span ``t = d + (pages - 1) * max(h, d)``;
+  host ``pages * h``, of which all but the first call overlaps the device (``overlap_seconds``):
+  end to end ``h + t``.
 * ``ce-batch`` -- one ``cudaMemcpyBatchAsync``: ``t = B / min(batch_curve(page_bytes), ce_plateau,
   link)``, the curve holding the small-copy cliff; host: ``batch_call_host_us +
   pages * batch_descriptor_host_us``.
@@ -23,7 +27,12 @@ bidirectional factor when the other direction is busy):
 A request ``via_copier`` is one submitted by this project's hardware copier
 (:class:`hw.executor_copies.PlanCopier`); on the kernel path it adds the copier's measured costs
 per batch: ``copier.batch_device_us`` before the launch runs (the slot-index upload), and
-``copier.submit_batch_host_us + pages * copier.submit_page_host_us`` on the host.
+``copier.submit_batch_host_us + pages * copier.submit_page_host_us`` on the host; on the
+``ce-page`` path it adds ``copier.submit_copy_engine_host_us`` on the host, before the first call.
+
+End to end (submission start to last byte, what a caller that submits and waits sees) is
+``host_seconds + seconds - overlap_seconds``: the kernel and ``ce-batch`` start on the device once
+their submission is done (no overlap); ``ce-page`` overlaps as above.
 """
 
 from __future__ import annotations
@@ -78,6 +87,12 @@ class CopyEstimate:
     ctas: int | None
     sms: int  # SMs taken by copy CTAs (0 for copy engines)
     aligned: bool
+    overlap_seconds: float = 0.0  # device time that runs while the host is still submitting
+
+    @property
+    def end_to_end_seconds(self) -> float:
+        """Submission start to last byte landed."""
+        return self.host_seconds + self.seconds - self.overlap_seconds
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -160,7 +175,8 @@ def link_gbps(hw: HardwareSpec, direction: str, bidirectional: bool) -> float:
 @dataclass(frozen=True)
 class DeviceWork:
     """What a batch asks of the device: a fixed delay, then bytes at up to ``cap_gbps``
-    (``cap_both_gbps`` while the other direction is busy too)."""
+    (``cap_both_gbps`` while the other direction is busy too). ``lead_host_seconds``: host time
+    after which the device can start (None: once the whole submission is done)."""
 
     fixed_seconds: float
     num_bytes: int
@@ -168,6 +184,15 @@ class DeviceWork:
     cap_both_gbps: float
     ctas: int | None
     sms: int
+    lead_host_seconds: float | None = None
+
+
+def _ce_page_pacing(hw: HardwareSpec, req: CopyRequest, rate_gbps: float) -> tuple[float, float]:
+    """``(device span, host seconds before the device starts)`` of a per-page batch whose bytes
+    move at ``rate_gbps``: the device paced by the host's calls (module doc)."""
+    h = hw.copy_engine.per_call_host_us * 1e-6
+    d = hw.copy_engine.per_copy_device_us[req.direction] * 1e-6 + req.page_bytes / (rate_gbps * GB)
+    return d + (req.pages - 1) * max(h, d), h
 
 
 def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
@@ -176,8 +201,9 @@ def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
     ce = hw.copy_engine
     if req.path == "ce-page":
         cap = ce.plateau_gbps[req.direction]
-        fixed = req.pages * ce.per_copy_device_us[req.direction] * 1e-6
-        return DeviceWork(fixed, n_bytes, cap, cap, None, 0)
+        span, lead = _ce_page_pacing(hw, req, min(cap, hw.link.per_direction_gbps[req.direction]))
+        fixed = max(0.0, span - n_bytes / (cap * GB))
+        return DeviceWork(fixed, n_bytes, cap, cap, None, 0, lead)
     if req.path == "ce-batch":
         cap = min(batch_curve_gbps(hw, req.direction, req.page_bytes), ce.plateau_gbps[req.direction])
         return DeviceWork(0.0, n_bytes, cap, cap, None, 0)
@@ -194,9 +220,13 @@ def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
 def host_seconds(hw: HardwareSpec, req: CopyRequest) -> float:
     ce = hw.copy_engine
     if req.path == "ce-page":
-        return req.pages * ce.per_call_host_us * 1e-6
+        seconds = req.pages * ce.per_call_host_us * 1e-6
+        return seconds + (hw.copier.submit_copy_engine_host_us * 1e-6 if req.via_copier else 0.0)
     if req.path == "ce-batch":
-        return (ce.batch_call_host_us + req.pages * ce.batch_descriptor_host_us) * 1e-6
+        per_page = ce.batch_descriptor_host_us[req.direction]
+        if req.page_bytes < ce.batch_small_copy_max_bytes:
+            per_page += req.page_bytes / 1024 * ce.batch_small_copy_host_us_per_kib[req.direction]
+        return (ce.batch_call_host_us + req.pages * per_page) * 1e-6
     seconds = hw.kernel.launch_host_us * 1e-6
     if req.via_copier:
         seconds += (hw.copier.submit_batch_host_us + req.pages * hw.copier.submit_page_host_us) * 1e-6
@@ -208,16 +238,23 @@ def estimate(hw: HardwareSpec, req: CopyRequest) -> CopyEstimate:
     work = device_work(hw, req)
     cap = work.cap_both_gbps if req.bidirectional else work.cap_gbps
     rate = min(cap, link_gbps(hw, req.direction, req.bidirectional))
-    seconds = work.fixed_seconds + work.num_bytes / (rate * GB)
+    host = host_seconds(hw, req)
+    overlap = 0.0
+    if req.path == "ce-page":
+        seconds, lead = _ce_page_pacing(hw, req, rate)
+        overlap = host - lead
+    else:
+        seconds = work.fixed_seconds + work.num_bytes / (rate * GB)
     return CopyEstimate(
         path=req.path,
         direction=req.direction,
         seconds=seconds,
         gbps=work.num_bytes / seconds / GB,
-        host_seconds=host_seconds(hw, req),
+        host_seconds=host,
         fixed_seconds=work.fixed_seconds,
         rate_gbps=rate,
         ctas=work.ctas,
         sms=work.sms,
         aligned=req.aligned,
+        overlap_seconds=overlap,
     )

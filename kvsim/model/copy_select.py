@@ -10,9 +10,18 @@ preset, or ``kvsim detect --write-hardware`` on top of one) -- and the path with
 Pricing follows what :class:`hw.pools.HostDevicePools` executes: each pool of the group is a
 separate copy of ``pool_slot_bytes[p]``-byte pages (one kernel launch, or one descriptor / one
 ``cudaMemcpyAsync`` per page and pool), so a batch's estimate is the sum over its pools, with one
-``cudaMemcpyBatchAsync`` call for all of them. For the kernel, two CTA counts are tried: KVCM2's
-grid policy (``grid_ctas``) and the fewest (even) CTAs whose modelled rate reaches
-``cta_plateau_fraction`` of the rate with every SM; the faster wins, fewer CTAs on a tie.
+``cudaMemcpyBatchAsync`` call for all of them. For the kernel, the CTA counts tried are the powers
+of two up to the SM count and the SM count (the counts ``hw.bench_plan_batches`` measures, so every
+pick can be judged against measurements); KVCM2's grid policy (``grid_ctas``) is not consulted.
+
+The price of a candidate is its end-to-end time (submission start to last byte, objective
+"total"; device time alone with objective "device") plus what its CTAs take from compute:
+``sm_weight * (SMs taken / SM count) * device seconds``. ``sm_weight`` is the knob: 0 treats SMs
+as free (the GPU has nothing else to run, as in a copy benchmark), 1 prices an SM-second taken from
+the model's compute as dearly as a second of copy time. The default, :data:`DEFAULT_SM_WEIGHT`,
+only breaks near-ties: a CTA count wins over a smaller one only if it saves more than 5 % of its
+share of the GPU's time, so the selector stops at the kernel's knee rather than taking every SM
+for a fraction of a percent.
 
 Intra-level batches are outside the link model: on the GPU level the kernel is chosen and priced at
 ``device_copy_gbps``; on the host level ``ce-batch`` is chosen and priced at the link's
@@ -36,16 +45,15 @@ from kvsim.model.copy_paths import (
     CopyEstimate,
     CopyRequest,
     estimate,
-    grid_ctas,
-    kernel_rate_gbps,
 )
 
 log = logging.getLogger("kvsim.hw")
+DEFAULT_SM_WEIGHT = 0.05  # see the module doc: breaks near-ties toward fewer SMs
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The chosen path, its combined estimate, and every candidate's (path, ctas, total seconds)."""
+    """The chosen path, its combined estimate, and every candidate's (path, ctas, cost seconds)."""
 
     path: str
     estimate: CopyEstimate  # summed over the group's pools
@@ -53,58 +61,55 @@ class Selection:
 
     @property
     def total_seconds(self) -> float:
-        return self.estimate.seconds + self.estimate.host_seconds
-
-
-def plateau_ctas(hw: HardwareSpec, direction: str, fraction: float = 0.95,
-                 inflight_bytes: int | None = None, page_bytes: int | None = None) -> int:
-    """Fewest even CTAs (>= 2) whose modelled kernel rate reaches ``fraction`` of the all-SM rate
-    (for pages of ``page_bytes``, when given)."""
-    sms = max(2, hw.kernel.sm_count)
-    target = fraction * kernel_rate_gbps(hw, direction, sms, inflight_bytes, page_bytes)
-    for n in range(2, sms + 1, 2):
-        if kernel_rate_gbps(hw, direction, n, inflight_bytes, page_bytes) >= target:
-            return n
-    return sms
+        """Submission start to last byte landed."""
+        return self.estimate.end_to_end_seconds
 
 
 def _combine(path: str, direction: str, parts: Sequence[CopyEstimate], num_bytes: int,
              host_adjust_s: float = 0.0) -> CopyEstimate:
     seconds = sum(p.seconds for p in parts)
+    overlap = sum(p.overlap_seconds for p in parts)
     return CopyEstimate(
         path=path, direction=direction, seconds=seconds,
         gbps=num_bytes / seconds / GB if seconds > 0 else math.inf,
         host_seconds=sum(p.host_seconds for p in parts) + host_adjust_s,
         fixed_seconds=sum(p.fixed_seconds for p in parts),
         rate_gbps=min(p.rate_gbps for p in parts), ctas=parts[0].ctas, sms=parts[0].sms,
-        aligned=all(p.aligned for p in parts))
+        aligned=all(p.aligned for p in parts), overlap_seconds=overlap)
 
 
 class CopySelector:
     """Chooses a path per batch from ``hw``; ``paths`` limits the candidates."""
 
     def __init__(self, hw: HardwareSpec, paths: Sequence[str] = PATHS,
-                 cta_plateau_fraction: float = 0.95, bidirectional: bool = False,
-                 objective: str = "total") -> None:
-        """``objective``: "total" minimises device plus host submission time (what a caller that
-        submits and waits sees); "device" minimises device time alone (link throughput)."""
+                 bidirectional: bool = False,
+                 objective: str = "total", sm_weight: float = DEFAULT_SM_WEIGHT) -> None:
+        """``objective``: "total" minimises the end-to-end time (what a caller that submits and
+        waits sees); "device" minimises device time alone (link throughput). ``sm_weight``: the
+        price of SMs taken from compute (module doc)."""
         if objective not in ("total", "device"):
             raise ValueError(f"objective must be 'total' or 'device', got {objective!r}")
+        if isinstance(sm_weight, bool) or not isinstance(sm_weight, (int, float)) \
+                or not math.isfinite(sm_weight) or sm_weight < 0:
+            raise ValueError(f"sm_weight must be a number >= 0, got {sm_weight!r}")
         self.objective = objective
         unknown = [p for p in paths if p not in PATHS]
         if unknown or not paths:
             raise ValueError(f"paths must be a non-empty subset of {', '.join(PATHS)}, got {list(paths)}")
         self.hw = hw
         self.paths = tuple(paths)
-        self.fraction = float(cta_plateau_fraction)
         self.bidirectional = bool(bidirectional)
+        self.sm_weight = float(sm_weight)
+        self._chosen: dict[tuple, Selection] = {}  # the simulator asks for the same shapes often
 
     def kernel_cta_options(self, direction: str, page_bytes: int | None = None) -> list[int]:
-        opts = {grid_ctas(self.hw, direction),
-                plateau_ctas(self.hw, direction, self.fraction, page_bytes=page_bytes)}
-        if self.objective == "device":  # more CTAs than the model's knee buy margin
-            opts |= {8, 16, 32}
-        return sorted(o for o in opts if o <= self.hw.kernel.sm_count)
+        sms = self.hw.kernel.sm_count
+        return sorted({1 << k for k in range(sms.bit_length()) if 1 << k <= sms} | {sms})
+
+    def cost(self, est: CopyEstimate) -> float:
+        """What the selector minimises for one candidate (module doc)."""
+        base = est.end_to_end_seconds if self.objective == "total" else est.seconds
+        return base + self.sm_weight * est.sms / self.hw.kernel.sm_count * est.seconds
 
     def price(self, path: str, direction: str, pool_slot_bytes: Sequence[int], pages: int,
               aligned: bool = True, ctas: int | None = None) -> CopyEstimate:
@@ -121,18 +126,22 @@ class CopySelector:
 
     def choose(self, direction: str, pool_slot_bytes: Sequence[int], pages: int,
                aligned: bool = True) -> Selection:
-        """The fastest path (device + host seconds) for a link batch ('offload' or 'onboard')."""
+        """The cheapest path (and CTA count) for a link batch ('offload' or 'onboard')."""
+        key = (direction, tuple(pool_slot_bytes), pages, aligned)
+        sel = self._chosen.get(key)
+        if sel is not None:
+            return sel
         cands: list[tuple[float, int, str, CopyEstimate]] = []
         for path in self.paths:
             options = (self.kernel_cta_options(direction, min(pool_slot_bytes))
                        if path == "kernel" else [None])
             for ctas in options:
                 est = self.price(path, direction, pool_slot_bytes, pages, aligned, ctas)
-                cost = est.seconds + (est.host_seconds if self.objective == "total" else 0.0)
-                cands.append((cost, ctas or 0, path, est))
+                cands.append((self.cost(est), ctas or 0, path, est))
         cands.sort(key=lambda c: (c[0], c[1]))
         best = cands[0]
         sel = Selection(best[2], best[3], tuple((c[2], c[3].ctas, c[0]) for c in cands))
+        self._chosen[key] = sel
         if log.isEnabledFor(logging.INFO):
             log.info("copy path %s for %s of %d pages x %s B%s: %s", sel.path, direction, pages,
                      "+".join(str(b) for b in pool_slot_bytes), "" if aligned else " (unaligned)",
@@ -155,7 +164,8 @@ class CopySelector:
             rate = min(hw.link.per_direction_gbps.offload, hw.link.per_direction_gbps.onboard) \
                 * hw.link.bidirectional_factor
             host = (hw.copy_engine.batch_call_host_us
-                    + pages * len(pool_slot_bytes) * hw.copy_engine.batch_descriptor_host_us) * 1e-6
+                    + pages * len(pool_slot_bytes)
+                    * hw.copy_engine.batch_descriptor_host_us.offload) * 1e-6  # host to host
             ctas = None
             why = "link bidirectional rate (host-to-host crosses the link twice)"
         seconds = num_bytes / (rate * GB)

@@ -213,15 +213,21 @@ class SimExecutor:
         return seconds, self.cpu.terms_us(e.counts)
 
     def _do_submit(self, e: pipeline.SubmitCopies):
-        submit_s = 0.0
-        if not self.cpu.includes_copy_submission:
-            slow = self.cpu.first_call_factor if e.first_call else 1.0
-            submit_s = sum(self.stream.host_seconds(b) for b in e.copies) * slow
-            if self.cpu.holds_gil:
-                yield from self._python(e.thread, submit_s, e.api)
-            elif submit_s:
-                yield self._delay(submit_s)
-        return [self.stream.submit(b, e.thread, e.api) for b in e.copies], submit_s
+        if self.cpu.includes_copy_submission:
+            return [self.stream.submit(b, e.thread, e.api) for b in e.copies], 0.0
+        # The batches are submitted one after another; each may start on the device once its own
+        # submission lets it (the stream's lead), while the host goes on submitting.
+        slow = self.cpu.first_call_factor if e.first_call else 1.0
+        handles, submit_s, now = [], 0.0, self.env.now
+        for b in e.copies:
+            start = now + submit_s + self.stream.lead_seconds(b) * slow
+            handles.append(self.stream.submit(b, e.thread, e.api, not_before=start))
+            submit_s += self.stream.host_seconds(b) * slow
+        if self.cpu.holds_gil:
+            yield from self._python(e.thread, submit_s, e.api)
+        elif submit_s:
+            yield self._delay(submit_s)
+        return handles, submit_s
 
     def _do_release(self, e: pipeline.ReleaseLock) -> None:
         self.lock.release(e.thread)

@@ -67,7 +67,20 @@ class CopyStream:
             return 0.0
         return sum(host_seconds(self.hw, r) for r in self.requests_for(batch))
 
-    def submit(self, batch: CopyBatch, thread: str, api: str) -> simpy.Event:
+    def lead_seconds(self, batch: CopyBatch) -> float:
+        """Host time of ``batch``'s submission after which the device can start on it: one call
+        for per-page copies (the device copies while the host submits), else the whole
+        submission."""
+        if batch.kind == COPY_INTRA:
+            return 0.0
+        reqs = self.requests_for(batch)
+        lead = device_work(self.hw, reqs[0]).lead_host_seconds
+        return self.host_seconds(batch) if lead is None else lead
+
+    def submit(self, batch: CopyBatch, thread: str, api: str,
+               not_before: float | None = None) -> simpy.Event:
+        """Queue ``batch``; the device starts it no earlier than ``not_before`` (simulated time:
+        when the host's submission lets it start)."""
         done = self.env.event()
         if batch.kind == COPY_INTRA:
             record = CopyRecord(self.name, thread, api, batch.kind, "device-local", batch.num_pages,
@@ -79,12 +92,14 @@ class CopyStream:
                                 batch.page_bytes, batch.num_bytes, work.ctas, work.sms,
                                 self.env.now)
         self.records.append(record)
-        self._queue.put((batch, record, done))
+        self._queue.put((batch, record, done, not_before))
         return done
 
     def _drain(self):
         while True:
-            batch, record, done = yield self._queue.get()
+            batch, record, done, not_before = yield self._queue.get()
+            if not_before is not None and not_before > self.env.now:
+                yield self.env.timeout(not_before - self.env.now)
             record.started = self.env.now
             if batch.kind == COPY_INTRA:
                 yield self.env.timeout(batch.num_bytes / (self.hw.device_copy_gbps * GB))

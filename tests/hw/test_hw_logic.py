@@ -25,8 +25,8 @@ from hw.pools import (
 from kvsim.hardware import load_hardware
 from kvsim.manager import KVCacheManager
 from kvsim.manager.plan import CopyBatch
-from kvsim.model.copy_paths import CopyRequest, estimate, grid_ctas
-from kvsim.model.copy_select import CopySelector, plateau_ctas, select_path
+from kvsim.model.copy_paths import CopyRequest, estimate
+from kvsim.model.copy_select import CopySelector, select_path
 
 H200 = load_hardware("h200-sxm")
 
@@ -37,9 +37,10 @@ def test_selector_picks_the_fastest_modelled_path_and_logs_every_candidate(caplo
     sel = CopySelector(H200)
     with caplog.at_level(logging.INFO, logger="kvsim.hw"):
         s = sel.choose("offload", (8192, 8192), 6380)
-    totals = {(p, c): t for p, c, t in s.candidates}
-    assert s.path == min(totals, key=totals.get)[0]
-    assert s.total_seconds == pytest.approx(min(totals.values()))
+    costs = {(p, c): t for p, c, t in s.candidates}
+    assert s.path == min(costs, key=costs.get)[0]
+    assert min(costs.values()) == pytest.approx(sel.cost(s.estimate))
+    assert s.total_seconds == pytest.approx(s.estimate.end_to_end_seconds)
     msg = caplog.messages[-1]
     assert msg.startswith(f"copy path {s.path} for offload of 6380 pages x 8192+8192 B")
     assert "ce-batch" in msg and "ce-page" in msg and "kernel" in msg
@@ -61,8 +62,7 @@ def test_kernel_estimate_sums_pools_and_uses_the_best_cta_count():
              for i, b in enumerate((4096, 12288))]
     assert s.estimate.seconds == pytest.approx(sum(p.seconds for p in parts))
     assert s.estimate.host_seconds == pytest.approx(sum(p.host_seconds for p in parts))
-    assert s.estimate.ctas in {grid_ctas(H200, "onboard"),
-                               plateau_ctas(H200, "onboard", page_bytes=4096)}
+    assert s.estimate.ctas in sel.kernel_cta_options("onboard", 4096)
     assert s.estimate.gbps == pytest.approx(1000 * 16384 / s.estimate.seconds / 1e9)
 
 
@@ -71,17 +71,19 @@ def test_ce_batch_is_one_call_for_all_pools():
     one = sel.price("ce-batch", "offload", (8192,), 100)
     two = sel.price("ce-batch", "offload", (8192, 8192), 100)
     ce = H200.copy_engine
-    assert two.host_seconds - one.host_seconds == pytest.approx(100 * ce.batch_descriptor_host_us * 1e-6)
+    per_page = ce.batch_descriptor_host_us.offload + 8 * ce.batch_small_copy_host_us_per_kib.offload
+    assert two.host_seconds - one.host_seconds == pytest.approx(100 * per_page * 1e-6)
 
 
-def test_plateau_ctas_reaches_the_fraction():
-    from kvsim.model.copy_paths import kernel_rate_gbps
-
-    for d in ("offload", "onboard"):
-        n = plateau_ctas(H200, d)
-        full = kernel_rate_gbps(H200, d, H200.kernel.sm_count)
-        assert kernel_rate_gbps(H200, d, n) >= 0.95 * full
-        assert n == 2 or kernel_rate_gbps(H200, d, n - 2) < 0.95 * full
+def test_more_ctas_must_pay_for_the_sms_they_take():
+    # With SMs free the selector takes the fastest count; pricing SMs moves it to fewer CTAs,
+    # never to a count the model prices slower by more than the SMs it saves are worth.
+    free = CopySelector(H200, paths=["kernel"], sm_weight=0.0).choose("offload", (8192, 8192), 6380)
+    dear = CopySelector(H200, paths=["kernel"], sm_weight=1.0).choose("offload", (8192, 8192), 6380)
+    assert dear.estimate.ctas < free.estimate.ctas
+    assert free.total_seconds <= dear.total_seconds
+    with pytest.raises(ValueError, match="sm_weight"):
+        CopySelector(H200, sm_weight=-1)
 
 
 def test_unaligned_batches_are_priced_with_the_fallback_kernel():

@@ -1,0 +1,230 @@
+"""Refitting the copy model to the fit set of the plan-shaped batches (``hw.bench_plan_batches``).
+
+Only batches whose pre-registered role (:func:`kvsim.calibration.plan_batches.role`) is ``fit`` are
+read: the layout sweep's scattered 2 x 8 KiB, 1 x 64 KiB and 1 x 1 MiB batches, both directions.
+The judged batches never enter. Each rule below names what it fits and from which points
+(:data:`FIT_RULES`); every other figure stays as the hardware spec given has it.
+
+Host time (median host enqueue time of the end-to-end samples), by non-negative least squares:
+
+* ``copy_engine.per_call_host_us`` and ``copier.submit_copy_engine_host_us``: per-page copies of
+  pages below 64 KiB, host time on (1, ``cudaMemcpyAsync`` calls). Larger pages are left out:
+  there the device is the slower stage and the host waits for room in the driver's queue.
+* ``copy_engine.batch_call_host_us``, ``batch_descriptor_host_us`` per direction and
+  ``batch_small_copy_host_us_per_kib`` per direction: ``cudaMemcpyBatchAsync`` host time on
+  (1, descriptors, KiB of descriptors below ``batch_small_copy_max_bytes``) per direction, each
+  row weighed by its measured value (relative errors: small batches count as much as large).
+  ``batch_small_copy_max_bytes`` is 64 KiB: the fit set's smallest page (8 KiB) costs the host
+  more per descriptor onboard, its 64 KiB and 1 MiB pages do not.
+* ``copier.submit_batch_host_us``, ``submit_page_host_us``: kernel points, host time less one
+  ``kernel.launch_host_us`` per launch, on (1, pages).
+
+End-to-end time (median ``cuda_events_issue``: submission start to last byte), per direction,
+minimising a robust sum of squared log errors of
+:attr:`kvsim.model.copy_paths.CopyEstimate.end_to_end_seconds` (``scipy.optimize.least_squares``,
+soft-L1 loss, 5 % scale):
+
+* ``copy_engine.per_copy_device_us``: per-page copy points;
+* ``kernel.latency_us``, ``per_cta_max_gbps``, ``page_latency_us``, ``knee_p``, ``plateau_gbps``
+  and ``copier.batch_device_us``: kernel points at every CTA count measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.calibration.cpu_fit import nnls
+from kvsim.calibration.plan_batches import load_measurement, measured_points, role
+from kvsim.hardware.spec import DIRECTIONS, HardwareSpec, PerDirection
+from kvsim.model.copy_select import CopySelector
+
+SMALL_COPY_MAX_BYTES = 64 * 1024
+FIT_RULES = {
+    "copy_engine.per_call_host_us, copier.submit_copy_engine_host_us":
+        "per-page copies of pages < 64 KiB: host enqueue time on (1, calls), non-negative least "
+        "squares of relative error",
+    "copy_engine.batch_call_host_us, batch_descriptor_host_us, batch_small_copy_host_us_per_kib":
+        "cudaMemcpyBatchAsync host enqueue time on (1, descriptors, KiB of descriptors < 64 KiB) per "
+        "direction, non-negative least squares",
+    "copy_engine.batch_small_copy_max_bytes": "64 KiB: the fit set's 8 KiB pages cost the host more "
+                                              "per descriptor onboard, its 64 KiB and 1 MiB pages do not",
+    "copier.submit_batch_host_us, submit_page_host_us": "kernel points: host enqueue time less one "
+                                                        "launch_host_us per launch, on (1, pages)",
+    "copy_engine.per_copy_device_us": "per-page copy points: end-to-end time, robust least squares "
+                                      "of log error",
+    "kernel.latency_us, per_cta_max_gbps, page_latency_us, knee_p, plateau_gbps, copier.batch_device_us":
+        "kernel points, every CTA count: end-to-end time, robust least squares of log error",
+}
+KERNEL_FIELDS = ("latency_us", "per_cta_max_gbps", "page_latency_us", "knee_p", "plateau_gbps")
+KERNEL_BOUNDS = {"latency_us": (0.05, 50.0), "per_cta_max_gbps": (0.5, 500.0),
+                 "page_latency_us": (0.0, 5.0), "knee_p": (0.5, 30.0), "plateau_gbps": (10.0, 200.0),
+                 "batch_device_us": (0.0, 500.0)}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured (batch, path, CTAs) of the fit set: medians in seconds."""
+
+    batch: str
+    direction: str
+    pool_slot_bytes: tuple[int, ...]
+    pages: int
+    path: str
+    ctas: int | None
+    issue_s: float | None
+    host_s: float | None
+
+    @property
+    def copies(self) -> int:
+        return self.pages * len(self.pool_slot_bytes)
+
+
+def fit_points(measurement: dict) -> list[Point]:
+    """The fixed-path points of the measurement's fit-role batches."""
+    measured, _ = measured_points(measurement)
+    points = []
+    for b in measurement["batches"]:
+        if role(b) != "fit":
+            continue
+        for key, m in sorted(measured.get(b["id"], {}).items()):
+            path, _, c = key.partition(":")
+            if path not in ("ce-page", "ce-batch", "kernel"):
+                continue
+            points.append(Point(b["id"], b["direction"], tuple(int(x) for x in b["pool_slot_bytes"]),
+                                int(b["pages"]), path, int(c) if c else None, m.get("issue"),
+                                m.get("host")))
+    return points
+
+
+def _set(hw: HardwareSpec, section: str, field: str, value, direction: str | None = None) -> HardwareSpec:
+    part = getattr(hw, section)
+    if direction is not None:
+        old = getattr(part, field)
+        value = PerDirection(**{d: (value if d == direction else old[d]) for d in DIRECTIONS})
+    return replace(hw, **{section: replace(part, **{field: value})})
+
+
+def _relative_nnls(rows: list[list[float]], target: list[float],
+                   scale: list[float] | None = None) -> np.ndarray:
+    """Non-negative least squares of relative errors: each row divided by its measured value
+    (``scale``, default ``target``), so that small batches weigh as much as large ones."""
+    w = 1.0 / np.asarray(scale if scale is not None else target, dtype=float)
+    return nnls(np.asarray(rows, dtype=float) * w[:, None], np.asarray(target, dtype=float) * w)
+
+
+def _e2e(hw: HardwareSpec, p: Point) -> float:
+    return CopySelector(hw).price(p.path, p.direction, p.pool_slot_bytes, p.pages, True,
+                                  p.ctas).end_to_end_seconds
+
+
+def _robust_fit(hw: HardwareSpec, points: list[Point], names: list[tuple[str, str]], direction: str,
+                bounds: list[tuple[float, float]]) -> HardwareSpec:
+    from scipy.optimize import least_squares
+
+    def spec(x: np.ndarray) -> HardwareSpec:
+        out = hw
+        for (section, field), v in zip(names, x):
+            out = _set(out, section, field, float(v), direction)
+        return out
+
+    meas = np.array([p.issue_s for p in points])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        s = spec(x)
+        return np.log(np.array([_e2e(s, p) for p in points]) / meas)
+
+    lo = np.array([b[0] for b in bounds])
+    hi = np.array([b[1] for b in bounds])
+    x0 = np.clip(np.array([float(getattr(getattr(hw, s), f)[direction] or 0.0) for s, f in names]), lo, hi)
+    res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05)
+    return spec(res.x)
+
+
+def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
+    """``(refitted spec, report)``: the report holds each fitted figure and the fit set's errors."""
+    pts = [p for p in fit_points(measurement) if p.issue_s]
+    if not pts:
+        raise ValueError("the measurement holds no fit-set points (role 'fit')")
+    report: dict = {"points": len(pts), "rules": FIT_RULES}
+
+    # Host: per-page calls (pages < 64 KiB)
+    page = [p for p in pts if p.path == "ce-page" and p.host_s
+            and max(p.pool_slot_bytes) < SMALL_COPY_MAX_BYTES]
+    x = _relative_nnls([[1.0, float(p.copies)] for p in page], [p.host_s * 1e6 for p in page])
+    hw = _set(hw, "copy_engine", "per_call_host_us", float(x[1]))
+    hw = replace(hw, copier=replace(hw.copier, submit_copy_engine_host_us=float(x[0])))
+
+    # Host: cudaMemcpyBatchAsync
+    batch = [p for p in pts if p.path == "ce-batch" and p.host_s]
+    rows = []
+    for p in batch:
+        off = p.direction == "offload"
+        small_kib = sum(p.pages * sb / 1024 for sb in p.pool_slot_bytes if sb < SMALL_COPY_MAX_BYTES)
+        rows.append([1.0, p.copies if off else 0.0, 0.0 if off else p.copies,
+                     small_kib if off else 0.0, 0.0 if off else small_kib])
+    x = _relative_nnls(rows, [p.host_s * 1e6 for p in batch])
+    hw = replace(hw, copy_engine=replace(
+        hw.copy_engine, batch_call_host_us=float(x[0]),
+        batch_descriptor_host_us=PerDirection(offload=float(x[1]), onboard=float(x[2])),
+        batch_small_copy_host_us_per_kib=PerDirection(offload=float(x[3]), onboard=float(x[4])),
+        batch_small_copy_max_bytes=SMALL_COPY_MAX_BYTES))
+
+    # Host: the copier's kernel submission
+    kern = [p for p in pts if p.path == "kernel" and p.host_s]
+    launch = hw.kernel.launch_host_us
+    x = _relative_nnls([[1.0, float(p.pages)] for p in kern],
+                       [p.host_s * 1e6 - len(p.pool_slot_bytes) * launch for p in kern],
+                       [p.host_s * 1e6 for p in kern])
+    hw = replace(hw, copier=replace(hw.copier, submit_batch_host_us=float(x[0]),
+                                    submit_page_host_us=float(x[1])))
+
+    # End to end, per direction
+    for d in DIRECTIONS:
+        page = [p for p in pts if p.path == "ce-page" and p.direction == d]
+        if page:
+            hw = _robust_fit(hw, page, [("copy_engine", "per_copy_device_us")], d, [(0.0, 50.0)])
+        kern = [p for p in pts if p.path == "kernel" and p.direction == d]
+        if kern:
+            names = [("kernel", f) for f in KERNEL_FIELDS] + [("copier", "batch_device_us")]
+            hw = _robust_fit(hw, kern, names, d, [KERNEL_BOUNDS[f] for _, f in names])
+
+    errors: dict = {}
+    for path in ("ce-page", "ce-batch", "kernel"):
+        apes = [abs(_e2e(hw, p) / p.issue_s - 1) * 100 for p in pts if p.path == path]
+        if apes:
+            errors[path] = {"points": len(apes), "median_ape_pct": statistics.median(apes),
+                            "worst_ape_pct": max(apes)}
+    report["fit_errors"] = errors
+    report["figures"] = figures(hw)
+    return hw, report
+
+
+def figures(hw: HardwareSpec) -> dict:
+    """The figures :func:`refit` sets, as plain numbers (``{section: {field: value}}``)."""
+    ce, k, c = hw.copy_engine, hw.kernel, hw.copier
+
+    def pd(v) -> dict:
+        return {d: v[d] for d in DIRECTIONS}
+
+    return {
+        "copy_engine": {"per_call_host_us": ce.per_call_host_us,
+                        "per_copy_device_us": pd(ce.per_copy_device_us),
+                        "batch_call_host_us": ce.batch_call_host_us,
+                        "batch_descriptor_host_us": pd(ce.batch_descriptor_host_us),
+                        "batch_small_copy_host_us_per_kib": pd(ce.batch_small_copy_host_us_per_kib),
+                        "batch_small_copy_max_bytes": ce.batch_small_copy_max_bytes},
+        "kernel": {f: pd(getattr(k, f)) for f in KERNEL_FIELDS},
+        "copier": {"batch_device_us": pd(c.batch_device_us), "submit_batch_host_us": c.submit_batch_host_us,
+                   "submit_page_host_us": c.submit_page_host_us,
+                   "submit_copy_engine_host_us": c.submit_copy_engine_host_us},
+    }
+
+
+def refit_file(hw: HardwareSpec, path: str | Path) -> tuple[HardwareSpec, dict]:
+    return refit(hw, load_measurement(path))
+
+

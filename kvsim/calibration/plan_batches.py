@@ -552,6 +552,72 @@ def judge(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") -> 
     return out
 
 
+def judge_select(select_run: dict | str | Path, full_run: dict | str | Path,
+                 hardware_preset: Any = "h200-sxm") -> dict:
+    """A re-measurement of a changed selector (``hw.bench_plan_batches --select-only``: per batch
+    the pick as a fixed point, then ``select``) against a full run of the same batch list.
+
+    Per batch: the selector's pick now, the pick's and ``select``'s measured end-to-end time in
+    ``select_run``, the fastest fixed point of ``full_run`` and the pick's own time there, and
+    ``select_over_best_pct`` = select now / best then - 1 (two runs, so drift between them is in
+    it: ``pick_now_over_then_pct`` shows how much for the same point). Plus the payload GB/s of
+    the pick, gated, on the seed burst (offload) and on the largest onboard batch of the same
+    layout (``onboard_largest``), the figures the seed-burst target reads."""
+    from kvsim.hardware import load_hardware
+    from kvsim.model.copy_select import CopySelector
+
+    new = select_run if isinstance(select_run, dict) else load_measurement(select_run)
+    old = full_run if isinstance(full_run, dict) else load_measurement(full_run)
+    hw = load_hardware(hardware_preset) if isinstance(hardware_preset, str) else hardware_preset
+    sel = CopySelector(hw)
+    now, _ = measured_points(new)
+    then, _ = measured_points(old)
+    rows = []
+    for b in new["batches"]:
+        bid = b["id"]
+        choice = sel.choose(b["direction"], b["pool_slot_bytes"], int(b["pages"]))
+        pick = _point_key(choice.path, choice.estimate.ctas if choice.path == "kernel" else None)
+        pts_now, pts_then = now.get(bid, {}), then.get(bid, {})
+        fixed_then = {k: m["issue"] for k, m in pts_then.items() if k != SELECT and "issue" in m}
+        row: dict[str, Any] = {"batch": bid, "role": role(b), "direction": b["direction"],
+                               "layout": b.get("layout", layout_name(b["pool_slot_bytes"])),
+                               "pages": int(b["pages"]), "order": b["order"], "pick": pick,
+                               "bytes": b["bytes"]}
+        if SELECT in pts_now and "issue" in pts_now[SELECT]:
+            row["select_ms"] = pts_now[SELECT]["issue"] * 1e3
+        if pick in pts_now:
+            for t in ("issue", "gated"):
+                if t in pts_now[pick]:
+                    row[f"pick_{t}_ms"] = pts_now[pick][t] * 1e3
+            if "gated" in pts_now[pick]:
+                row["pick_gated_gbps"] = b["bytes"] / pts_now[pick]["gated"] / 1e9
+        if fixed_then:
+            best = min(fixed_then, key=fixed_then.get)
+            row.update(best_then=best, best_then_ms=fixed_then[best] * 1e3)
+            if "select_ms" in row:
+                row["select_over_best_pct"] = (row["select_ms"] / row["best_then_ms"] - 1) * 100
+            if pick in fixed_then and "pick_issue_ms" in row:
+                row["pick_now_over_then_pct"] = (row["pick_issue_ms"] / (fixed_then[pick] * 1e3) - 1) * 100
+        rows.append(row)
+    judged = [r for r in rows if "select_over_best_pct" in r]
+    within = [r for r in judged if r["select_over_best_pct"] <= TARGETS["selector_within_pct"]]
+    direction, shape, pages = SEED_BURST
+    seed = [r for r in rows if r["direction"] == direction and r["pages"] == pages
+            and r["layout"] == layout_name(shape) and r["order"] == "scattered"]
+    onboard = max((r for r in rows if r["direction"] == "onboard" and r["layout"] == layout_name(shape)
+                   and r["order"] == "scattered"), key=lambda r: r["pages"], default=None)
+    drift = [r["pick_now_over_then_pct"] for r in rows if "pick_now_over_then_pct" in r]
+    return {"hardware": hw.name, "select_run": {k: new.get(k) for k in ("command", "mode")},
+            "batches": len(rows), "judged": len(judged), "within": len(within),
+            "target_pct": TARGETS["selector_within_pct"],
+            "median_select_over_best_pct": statistics.median(r["select_over_best_pct"] for r in judged)
+            if judged else None,
+            "median_pick_now_over_then_pct": statistics.median(drift) if drift else None,
+            "seed_burst": seed[0] if seed else None, "onboard_largest": onboard,
+            "seed_burst_min_gbps": TARGETS["seed_burst_min_gbps"],
+            "failures": [r for r in judged if r not in within], "rows": rows}
+
+
 def print_judgement(j: dict) -> None:
     t = j["targets"]
     for name, what in (("model", "end to end (issue) vs predicted end to end"),
@@ -588,6 +654,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("measurement")
     p.add_argument("--hardware", default="h200-sxm")
     p.add_argument("--out", default=None, help="write the judgement (with every row) here")
+    p = sub.add_parser("judge-select", help="judge a --select-only re-measurement against a full run")
+    p.add_argument("measurement")
+    p.add_argument("--against", required=True, help="the full run of the same batch list")
+    p.add_argument("--hardware", default="h200-sxm")
+    p.add_argument("--out", default=None, help="write the judgement (with every row) here")
     args = ap.parse_args(argv)
     if args.cmd == "list":
         doc = plan_batch_list(quick=args.quick)
@@ -601,8 +672,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{b['id']:<48} {b['role']:<6} {b['bytes'] / 2**20:10.2f} MiB")
             print(f"{len(doc['batches'])} batches; {FIT_RULE}")
         return 0
-    j = judge(args.measurement, args.hardware)
-    print_judgement(j)
+    if args.cmd == "judge-select":
+        j = judge_select(args.measurement, args.against, args.hardware)
+        print(f"select within {j['target_pct']} % of the full run's best point: {j['within']} of "
+              f"{j['judged']} batches (median select/best - 1: {j['median_select_over_best_pct']:.1f} %; "
+              f"the same point now vs then, median: {j['median_pick_now_over_then_pct']:+.1f} %)")
+        for name in ("seed_burst", "onboard_largest"):
+            r = j[name]
+            if r:
+                print(f"{name}: {r['batch']} pick {r['pick']} gated {r.get('pick_gated_gbps', 0):.1f} GB/s"
+                      f" (target >= {j['seed_burst_min_gbps']}), select {r.get('select_ms', 0):.3f} ms")
+    else:
+        j = judge(args.measurement, args.hardware)
+        print_judgement(j)
     if args.out:
         Path(args.out).write_text(json.dumps(j, indent=1, default=str) + "\n")
     return 0

@@ -375,3 +375,29 @@ def test_quick_run_on_the_gpu(tmp_path):
     assert {r["path"] for r in recs} == {"ce-page", "ce-batch", "kernel", "select"}
     j = pb.judge(meas)
     assert j["model"]["fit"]["count"] > 0 and j["selector"]["judged"] == len(sweep)
+
+
+def test_judge_select_compares_a_select_only_run_with_a_full_run():
+    burst = pb.seed_burst_batch()
+    other = next(b for b in pb.layout_sweep() if b["role"] == "judge" and b["pages"] == 4096)
+    full, again = [], []
+    for b in (burst, other):
+        for path, ctas in points(HW, b):
+            if path != "select":  # the full run: the best fixed point takes 10.0 ms
+                full.append(_record(b, path, ctas, "issue", 10.0 if (path, ctas) == ("ce-batch", None)
+                                    else 12.0))
+        pick = selector_pick(HW, b)
+        for path, ctas in points(HW, b, select_only=True):
+            # select-only: select 4 % over the earlier best for the burst, 20 % for the other
+            ms = (10.4 if b is burst else 12.0) if path == "select" else 11.0
+            again.append(_record(b, path, ctas, "issue", ms))
+        again.append(_record(b, pick[0], pick[1], "gated", b["bytes"] / 50.0e9 * 1e3))
+    j = pb.judge_select({"batches": [burst, other], "records": again},
+                        {"batches": [burst, other], "records": full}, "h200-sxm")
+    rows = {r["batch"]: r for r in j["rows"]}
+    assert rows[burst["id"]]["select_over_best_pct"] == pytest.approx(4.0)
+    assert rows[other["id"]]["select_over_best_pct"] == pytest.approx(20.0)
+    assert (j["judged"], j["within"]) == (2, 1)
+    assert [r["batch"] for r in j["failures"]] == [other["id"]]
+    assert j["seed_burst"]["batch"] == burst["id"]
+    assert j["seed_burst"]["pick_gated_gbps"] == pytest.approx(50.0)

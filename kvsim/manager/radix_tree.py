@@ -42,13 +42,17 @@ DEFAULT_SCOPE = ReuseScope()
 
 
 def block_key(previous_key: bytes, tokens: np.ndarray) -> bytes:
-    return hashlib.sha256(previous_key + tokens.astype("<u4", copy=False).tobytes()).digest()
+    return hashlib.sha256(previous_key + _raw(tokens)).digest()
+
+
+def _raw(tokens: np.ndarray) -> bytes:
+    return tokens.astype("<u4", copy=False).tobytes()
 
 
 class Node:
     """One committed block: its key, tokens, and the page of each life cycle (or -1)."""
 
-    __slots__ = ("node_id", "key", "root", "parent", "depth", "tokens", "pages", "children")
+    __slots__ = ("node_id", "key", "root", "parent", "depth", "tokens", "pages", "children", "_raw")
 
     def __init__(self, node_id: int, key: bytes, root: Root, parent: Node | None, depth: int,
                  tokens: np.ndarray, pages: list[int]) -> None:
@@ -60,6 +64,16 @@ class Node:
         self.tokens = tokens  # tokens_per_block of them, or fewer for a partial block
         self.pages = pages
         self.children: dict[bytes, Node] = {}
+        self._raw: bytes | None = None
+
+    @property
+    def raw(self) -> bytes:
+        """The tokens as little-endian uint32 bytes (as keys hash them), made once: prefix tests
+        between siblings are then one ``bytes.startswith``."""
+        raw = self._raw
+        if raw is None:
+            raw = self._raw = _raw(self.tokens)
+        return raw
 
     @property
     def is_partial(self) -> bool:
@@ -158,17 +172,17 @@ class RadixTree:
     def covering_sibling(self, root: Root, parent: Node | None, tokens: np.ndarray) -> Node | None:
         """A child of ``parent`` whose tokens start with ``tokens`` (which then adds nothing).
         Every child is looked at: this runs once per partial tail committed."""
-        n = tokens.size
+        raw = _raw(tokens)
         for child in (root.children if parent is None else parent.children).values():
-            if child.tokens.size >= n and np.array_equal(child.tokens[:n], tokens):
+            if child.raw.startswith(raw):
                 return child
         return None
 
     def covered_partials(self, root: Root, parent: Node | None, tokens: np.ndarray) -> list[Node]:
         """Partial children of ``parent`` that a new block of ``tokens`` replaces."""
+        raw = _raw(tokens)
         return [child for child in root.partials.get(_parent_key(parent), ())
-                if child.tokens.size < tokens.size
-                and np.array_equal(tokens[:child.tokens.size], child.tokens)]
+                if child.tokens.size < tokens.size and raw.startswith(child.raw)]
 
     def has_partial_children(self, root: Root, parent: Node | None) -> bool:
         return _parent_key(parent) in root.partials

@@ -32,6 +32,7 @@ figure (the tests check it).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import math
 import time
@@ -168,8 +169,12 @@ def max_reuse(trace: MooncakeTrace, tokens_per_block: int = BLOCK_TOKENS) -> tup
     if isinstance(B, bool) or not isinstance(B, int) or B < 1:
         raise ConfigError(f"tokens_per_block must be an integer >= 1, got {B!r}")
     full: set[bytes] = set()  # keys (chained digests) of committed full-block prefixes
-    partials: dict[bytes, list[bytes]] = {}  # prefix key -> partial blocks stored below it
-    fulls: dict[bytes, set[bytes]] = {}  # prefix key -> full blocks below it
+    # Per prefix key, the partial blocks and the full blocks stored below it, each list sorted.
+    # Sorted, the blocks that start with some bytes begin at their insertion point, and (no
+    # stored partial being a prefix of another) the one partial that is a prefix of some bytes,
+    # if any, sits just before it: bisects instead of scans of a busy prefix.
+    partials: dict[bytes, list[bytes]] = {}
+    fulls: dict[bytes, list[bytes]] = {}
     reused = total = 0
     width = 4 * B
     for req in trace.requests:
@@ -184,21 +189,41 @@ def max_reuse(trace: MooncakeTrace, tokens_per_block: int = BLOCK_TOKENS) -> tup
             k += 1
         matched = k * B
         last = raw[n_full * width:]
-        if k == n_full and tail and last in partials.get(keys[k], ()):
+        if k == n_full and tail and _holds(partials.get(keys[k], ()), last):
             matched += tail // 4
         reused += matched
         for b in range(n_full):  # commit the full blocks
             if keys[b + 1] not in full:
                 block = raw[b * width:(b + 1) * width]
                 full.add(keys[b + 1])
-                fulls.setdefault(keys[b], set()).add(block)
+                bisect.insort(fulls.setdefault(keys[b], []), block)
                 if keys[b] in partials:
-                    partials[keys[b]] = [s for s in partials[keys[b]] if not block.startswith(s)]
+                    _drop_prefix_of(partials[keys[b]], block)
         if tail:  # close() commits the partial last block
             stored = partials.setdefault(keys[n_full], [])
-            if not any(s.startswith(last) for s in (*stored, *fulls.get(keys[n_full], ()))):
-                stored[:] = [s for s in stored if not last.startswith(s)] + [last]
+            if not _starts_with(fulls.get(keys[n_full], ()), last) and not _starts_with(stored, last):
+                _drop_prefix_of(stored, last)
+                bisect.insort(stored, last)
     return reused, total
+
+
+def _holds(ordered: Sequence[bytes], item: bytes) -> bool:
+    i = bisect.bisect_left(ordered, item)
+    return i < len(ordered) and ordered[i] == item
+
+
+def _starts_with(ordered: Sequence[bytes], prefix: bytes) -> bool:
+    """Whether some item of the sorted ``ordered`` starts with ``prefix``."""
+    i = bisect.bisect_left(ordered, prefix)
+    return i < len(ordered) and ordered[i].startswith(prefix)
+
+
+def _drop_prefix_of(ordered: list[bytes], item: bytes) -> None:
+    """Remove from the sorted ``ordered`` (no element a prefix of another) its one element
+    that is a prefix of ``item``, if any: the element just before ``item``'s place."""
+    i = bisect.bisect_right(ordered, item) - 1
+    if i >= 0 and item.startswith(ordered[i]):
+        del ordered[i]
 
 
 def max_hit_rate(trace: MooncakeTrace, tokens_per_block: int = BLOCK_TOKENS) -> float:

@@ -41,6 +41,7 @@ BORROWED = {  # figures PCIe and Hopper presets borrow from the H200 measurement
     "H200_COPIER_BATCH_HOST": None,
     "H200_COPIER_PAGE_HOST": None,
     "H200_COPIER_CE_HOST": None,
+    "H200_COPIER_AFTER_LAUNCH": None,
 }
 C2C_KERNEL_BIDIR = {"value": 1.0, "source": "not measured on C2C: the link's bidirectional factor alone limits both directions"}
 
@@ -93,6 +94,7 @@ Path("kvsim/hardware/presets/h200-sxm.json").write_text(json.dumps(H200_DATA, in
 BORROWED["H200_COPIER_BATCH_HOST"] = H200_DATA["copier"]["submit_batch_host_us"]
 BORROWED["H200_COPIER_PAGE_HOST"] = H200_DATA["copier"]["submit_page_host_us"]
 BORROWED["H200_COPIER_CE_HOST"] = H200_DATA["copier"]["submit_copy_engine_host_us"]
+BORROWED["H200_COPIER_AFTER_LAUNCH"] = H200_DATA["copier"]["submit_after_launch_host_us"]
 NOT_MEASURED_PAGE_LATENCY = {d: S(0.0, "not measured on this GPU: no per-page term") for d in ("offload", "onboard")}
 NOT_MEASURED_BATCH_DEVICE = {d: S(0.0, "not measured on this GPU: the copier's index upload is not modelled") for d in ("offload", "onboard")}
 NOT_MEASURED_SMALL_COPY = {d: S(0.0, "not measured on this GPU: no small-copy term") for d in ("offload", "onboard")}
@@ -134,6 +136,7 @@ def borrowed_preset(name, description, gpu, link, ce_count, ce_plateau, sm_count
                  "submit_batch_host_us": "H200_COPIER_BATCH_HOST",
                  "submit_page_host_us": "H200_COPIER_PAGE_HOST",
                  "submit_copy_engine_host_us": "H200_COPIER_CE_HOST",
+                 "submit_after_launch_host_us": "H200_COPIER_AFTER_LAUNCH",
                  "idle_wake_us": NOT_MEASURED_WAKE,
                  "idle_after_ms": S(0.0, "not measured on this GPU (idle_wake_us is 0)")},
       "device_copy_gbps": device_copy}

@@ -132,6 +132,9 @@ def measured_preset(name: str, description: str, copy_bench: str,
             "submit_batch_host_us": S(0.0, "not measured (no plan-copies run given)"),
             "submit_page_host_us": S(0.0, "not measured (no plan-copies run given)"),
             "submit_copy_engine_host_us": S(0.0, "not measured (no plan-batches run given)"),
+            "submit_after_launch_host_us": {d: S(0.0, "not measured (no plan-batches run given): the "
+                                                      "kernel starts after the whole submission")
+                                            for d in DIRS},
             "idle_wake_us": {d: S(0.0, "not measured (no idle-wake run given)") for d in DIRS},
             "idle_after_ms": S(0.0, "not measured (no idle-wake run given)")},
         "device_copy_gbps": {"value": round(d2d, 2),

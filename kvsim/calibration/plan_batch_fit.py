@@ -26,7 +26,10 @@ soft-L1 loss, 5 % scale):
 
 * ``copy_engine.per_copy_device_us``: per-page copy points;
 * ``kernel.latency_us``, ``per_cta_max_gbps``, ``page_latency_us``, ``knee_p``, ``plateau_gbps``
-  and ``copier.batch_device_us``: kernel points at every CTA count measured.
+  and ``copier.submit_after_launch_host_us`` (the part of the copier's per-batch host time after
+  the launch, which the kernel runs beside; at most that per-batch time): kernel points at every
+  CTA count measured; then ``copier.batch_device_us``, the device time before the first launch
+  runs, as the median of the gated (device-only) time less the modelled kernels.
 """
 
 from __future__ import annotations
@@ -56,13 +59,16 @@ FIT_RULES = {
                                                         "launch_host_us per launch, on (1, pages)",
     "copy_engine.per_copy_device_us": "per-page copy points: end-to-end time, robust least squares "
                                       "of log error",
-    "kernel.latency_us, per_cta_max_gbps, page_latency_us, knee_p, plateau_gbps, copier.batch_device_us":
+    "kernel.latency_us, per_cta_max_gbps, page_latency_us, knee_p, plateau_gbps, "
+    "copier.submit_after_launch_host_us":
         "kernel points, every CTA count: end-to-end time, robust least squares of log error",
+    "copier.batch_device_us": "kernel points, every CTA count: median of (gated device time - "
+                              "modelled kernel time), at least 0",
 }
 KERNEL_FIELDS = ("latency_us", "per_cta_max_gbps", "page_latency_us", "knee_p", "plateau_gbps")
 KERNEL_BOUNDS = {"latency_us": (0.05, 50.0), "per_cta_max_gbps": (0.5, 500.0),
                  "page_latency_us": (0.0, 5.0), "knee_p": (0.5, 30.0), "plateau_gbps": (10.0, 200.0),
-                 "batch_device_us": (0.0, 500.0)}
+                 "submit_after_launch_host_us": (0.0, 1000.0)}
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,7 @@ class Point:
     ctas: int | None
     issue_s: float | None
     host_s: float | None
+    gated_s: float | None = None
 
     @property
     def copies(self) -> int:
@@ -96,7 +103,7 @@ def fit_points(measurement: dict) -> list[Point]:
                 continue
             points.append(Point(b["id"], b["direction"], tuple(int(x) for x in b["pool_slot_bytes"]),
                                 int(b["pages"]), path, int(c) if c else None, m.get("issue"),
-                                m.get("host")))
+                                m.get("host"), m.get("gated")))
     return points
 
 
@@ -189,8 +196,17 @@ def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
             hw = _robust_fit(hw, page, [("copy_engine", "per_copy_device_us")], d, [(0.0, 50.0)])
         kern = [p for p in pts if p.path == "kernel" and p.direction == d]
         if kern:
-            names = [("kernel", f) for f in KERNEL_FIELDS] + [("copier", "batch_device_us")]
-            hw = _robust_fit(hw, kern, names, d, [KERNEL_BOUNDS[f] for _, f in names])
+            names = [("kernel", f) for f in KERNEL_FIELDS] + [("copier", "submit_after_launch_host_us")]
+            bounds = [KERNEL_BOUNDS[f] for _, f in names]
+            bounds[-1] = (0.0, hw.copier.submit_batch_host_us)  # a part of the per-batch host time
+            hw = _set(hw, "copier", "batch_device_us", 0.0, d)
+            hw = _robust_fit(hw, kern, names, d, bounds)
+            # Device time before the first launch runs: what the gated (device-only) times leave
+            # over the modelled kernels, median over the direction's kernel points.
+            gated = [p for p in kern if p.gated_s]
+            extra = statistics.median(p.gated_s - CopySelector(hw).price(
+                p.path, p.direction, p.pool_slot_bytes, p.pages, True, p.ctas).seconds for p in gated)
+            hw = _set(hw, "copier", "batch_device_us", max(0.0, extra * 1e6), d)
 
     errors: dict = {}
     for path in ("ce-page", "ce-batch", "kernel"):
@@ -220,7 +236,8 @@ def figures(hw: HardwareSpec) -> dict:
         "kernel": {f: pd(getattr(k, f)) for f in KERNEL_FIELDS},
         "copier": {"batch_device_us": pd(c.batch_device_us), "submit_batch_host_us": c.submit_batch_host_us,
                    "submit_page_host_us": c.submit_page_host_us,
-                   "submit_copy_engine_host_us": c.submit_copy_engine_host_us},
+                   "submit_copy_engine_host_us": c.submit_copy_engine_host_us,
+                   "submit_after_launch_host_us": pd(c.submit_after_launch_host_us)},
     }
 
 

@@ -557,7 +557,8 @@ def judge_select(select_run: dict | str | Path, full_run: dict | str | Path,
     """A re-measurement of a changed selector (``hw.bench_plan_batches --select-only``: per batch
     the pick as a fixed point, then ``select``) against a full run of the same batch list.
 
-    Per batch: the selector's pick now, the pick's and ``select``'s measured end-to-end time in
+    Per batch: the selector's pick (as recorded in ``select_run``; ``pick_by_preset_now`` is what
+    ``hardware_preset`` picks), the pick's and ``select``'s measured end-to-end time in
     ``select_run``, the fastest fixed point of ``full_run`` and the pick's own time there, and
     ``select_over_best_pct`` = select now / best then - 1 (two runs, so drift between them is in
     it: ``pick_now_over_then_pct`` shows how much for the same point). Plus the payload GB/s of
@@ -572,17 +573,21 @@ def judge_select(select_run: dict | str | Path, full_run: dict | str | Path,
     sel = CopySelector(hw)
     now, _ = measured_points(new)
     then, _ = measured_points(old)
+    # the pick as the run's selector made it (the preset may have changed since)
+    recorded = {r["params"]["batch_id"]: _point_key(r["selector_pick"]["path"], r["selector_pick"]["ctas"])
+                for r in new.get("records", []) if r.get("selector_pick")}
     rows = []
     for b in new["batches"]:
         bid = b["id"]
         choice = sel.choose(b["direction"], b["pool_slot_bytes"], int(b["pages"]))
-        pick = _point_key(choice.path, choice.estimate.ctas if choice.path == "kernel" else None)
+        pick_now = _point_key(choice.path, choice.estimate.ctas if choice.path == "kernel" else None)
+        pick = recorded.get(bid, pick_now)
         pts_now, pts_then = now.get(bid, {}), then.get(bid, {})
         fixed_then = {k: m["issue"] for k, m in pts_then.items() if k != SELECT and "issue" in m}
         row: dict[str, Any] = {"batch": bid, "role": role(b), "direction": b["direction"],
                                "layout": b.get("layout", layout_name(b["pool_slot_bytes"])),
                                "pages": int(b["pages"]), "order": b["order"], "pick": pick,
-                               "bytes": b["bytes"]}
+                               "pick_by_preset_now": pick_now, "bytes": b["bytes"]}
         if SELECT in pts_now and "issue" in pts_now[SELECT]:
             row["select_ms"] = pts_now[SELECT]["issue"] * 1e3
         if pick in pts_now:

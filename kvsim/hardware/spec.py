@@ -139,6 +139,8 @@ class CopierSpec:
     submit_page_host_us: Number
     # Host time the copier adds to a per-page copy-engine batch (its Python around the calls).
     submit_copy_engine_host_us: Number
+    # The part of submit_batch_host_us after the kernel's launch (it runs beside the kernel).
+    submit_after_launch_host_us: PerDirection
     idle_wake_us: PerDirection
     idle_after_ms: Number
 

@@ -27,12 +27,14 @@ bidirectional factor when the other direction is busy):
 A request ``via_copier`` is one submitted by this project's hardware copier
 (:class:`hw.executor_copies.PlanCopier`); on the kernel path it adds the copier's measured costs
 per batch: ``copier.batch_device_us`` before the launch runs (the slot-index upload), and
-``copier.submit_batch_host_us + pages * copier.submit_page_host_us`` on the host; on the
+``copier.submit_batch_host_us + pages * copier.submit_page_host_us`` on the host, of which
+``copier.submit_after_launch_host_us`` comes after the launch and runs beside the kernel; on the
 ``ce-page`` path it adds ``copier.submit_copy_engine_host_us`` on the host, before the first call.
 
 End to end (submission start to last byte, what a caller that submits and waits sees) is
-``host_seconds + seconds - overlap_seconds``: the kernel and ``ce-batch`` start on the device once
-their submission is done (no overlap); ``ce-page`` overlaps as above.
+``max(host_seconds, lead_seconds + seconds)`` = ``host_seconds + seconds - overlap_seconds``: the
+device starts ``lead_seconds`` into the submission (:func:`lead_seconds`): ``ce-batch`` once its
+call is done, ``ce-page`` after its first call (as above), the copier's kernel after its launch.
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ class CopyEstimate:
     sms: int  # SMs taken by copy CTAs (0 for copy engines)
     aligned: bool
     overlap_seconds: float = 0.0  # device time that runs while the host is still submitting
+    lead_seconds: float | None = None  # host time before the device starts (None: all of it)
 
     @property
     def end_to_end_seconds(self) -> float:
@@ -175,8 +178,7 @@ def link_gbps(hw: HardwareSpec, direction: str, bidirectional: bool) -> float:
 @dataclass(frozen=True)
 class DeviceWork:
     """What a batch asks of the device: a fixed delay, then bytes at up to ``cap_gbps``
-    (``cap_both_gbps`` while the other direction is busy too). ``lead_host_seconds``: host time
-    after which the device can start (None: once the whole submission is done)."""
+    (``cap_both_gbps`` while the other direction is busy too)."""
 
     fixed_seconds: float
     num_bytes: int
@@ -184,15 +186,27 @@ class DeviceWork:
     cap_both_gbps: float
     ctas: int | None
     sms: int
-    lead_host_seconds: float | None = None
 
 
-def _ce_page_pacing(hw: HardwareSpec, req: CopyRequest, rate_gbps: float) -> tuple[float, float]:
-    """``(device span, host seconds before the device starts)`` of a per-page batch whose bytes
-    move at ``rate_gbps``: the device paced by the host's calls (module doc)."""
+def _ce_page_span(hw: HardwareSpec, req: CopyRequest, rate_gbps: float) -> float:
+    """Device span of a per-page batch whose bytes move at ``rate_gbps``: the device paced by
+    the host's calls (module doc)."""
     h = hw.copy_engine.per_call_host_us * 1e-6
     d = hw.copy_engine.per_copy_device_us[req.direction] * 1e-6 + req.page_bytes / (rate_gbps * GB)
-    return d + (req.pages - 1) * max(h, d), h
+    return d + (req.pages - 1) * max(h, d)
+
+
+def lead_seconds(hw: HardwareSpec, req: CopyRequest) -> float:
+    """Host time of the submission after which the device can start on the batch: per-page
+    copies after the copier's own work and the first call; the copier's kernel after its launch
+    (what the copier does after the launch runs beside the kernel); otherwise the whole
+    submission."""
+    host = host_seconds(hw, req)
+    if req.path == "ce-page":
+        return host - (req.pages - 1) * hw.copy_engine.per_call_host_us * 1e-6
+    if req.path == "kernel" and req.via_copier:
+        return max(0.0, host - hw.copier.submit_after_launch_host_us[req.direction] * 1e-6)
+    return host
 
 
 def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
@@ -201,9 +215,9 @@ def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:
     ce = hw.copy_engine
     if req.path == "ce-page":
         cap = ce.plateau_gbps[req.direction]
-        span, lead = _ce_page_pacing(hw, req, min(cap, hw.link.per_direction_gbps[req.direction]))
+        span = _ce_page_span(hw, req, min(cap, hw.link.per_direction_gbps[req.direction]))
         fixed = max(0.0, span - n_bytes / (cap * GB))
-        return DeviceWork(fixed, n_bytes, cap, cap, None, 0, lead)
+        return DeviceWork(fixed, n_bytes, cap, cap, None, 0)
     if req.path == "ce-batch":
         cap = min(batch_curve_gbps(hw, req.direction, req.page_bytes), ce.plateau_gbps[req.direction])
         return DeviceWork(0.0, n_bytes, cap, cap, None, 0)
@@ -239,12 +253,11 @@ def estimate(hw: HardwareSpec, req: CopyRequest) -> CopyEstimate:
     cap = work.cap_both_gbps if req.bidirectional else work.cap_gbps
     rate = min(cap, link_gbps(hw, req.direction, req.bidirectional))
     host = host_seconds(hw, req)
-    overlap = 0.0
     if req.path == "ce-page":
-        seconds, lead = _ce_page_pacing(hw, req, rate)
-        overlap = host - lead
+        seconds = _ce_page_span(hw, req, rate)
     else:
         seconds = work.fixed_seconds + work.num_bytes / (rate * GB)
+    lead = lead_seconds(hw, req)
     return CopyEstimate(
         path=req.path,
         direction=req.direction,
@@ -256,5 +269,12 @@ def estimate(hw: HardwareSpec, req: CopyRequest) -> CopyEstimate:
         ctas=work.ctas,
         sms=work.sms,
         aligned=req.aligned,
-        overlap_seconds=overlap,
+        overlap_seconds=overlap_of(host, lead, seconds),
+        lead_seconds=lead,
     )
+
+
+def overlap_of(host_s: float, lead_s: float, device_s: float) -> float:
+    """Device time that runs while the host still submits: the device starts at ``lead_s`` into
+    a submission of ``host_s``, so the batch ends at ``max(host_s, lead_s + device_s)``."""
+    return host_s + device_s - max(host_s, lead_s + device_s)

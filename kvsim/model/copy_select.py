@@ -45,6 +45,7 @@ from kvsim.model.copy_paths import (
     CopyEstimate,
     CopyRequest,
     estimate,
+    overlap_of,
 )
 
 log = logging.getLogger("kvsim.hw")
@@ -68,14 +69,19 @@ class Selection:
 def _combine(path: str, direction: str, parts: Sequence[CopyEstimate], num_bytes: int,
              host_adjust_s: float = 0.0) -> CopyEstimate:
     seconds = sum(p.seconds for p in parts)
-    overlap = sum(p.overlap_seconds for p in parts)
+    host = sum(p.host_seconds for p in parts) + host_adjust_s
+    # the pools run one after another on the device, from the first one's start; one
+    # cudaMemcpyBatchAsync call holds every pool's descriptors: the device starts after it
+    first = parts[0]
+    lead = host if path == "ce-batch" or first.lead_seconds is None else first.lead_seconds
     return CopyEstimate(
         path=path, direction=direction, seconds=seconds,
         gbps=num_bytes / seconds / GB if seconds > 0 else math.inf,
-        host_seconds=sum(p.host_seconds for p in parts) + host_adjust_s,
+        host_seconds=host,
         fixed_seconds=sum(p.fixed_seconds for p in parts),
         rate_gbps=min(p.rate_gbps for p in parts), ctas=parts[0].ctas, sms=parts[0].sms,
-        aligned=all(p.aligned for p in parts), overlap_seconds=overlap)
+        aligned=all(p.aligned for p in parts), overlap_seconds=overlap_of(host, lead, seconds),
+        lead_seconds=lead)
 
 
 class CopySelector:

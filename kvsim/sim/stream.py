@@ -17,7 +17,7 @@ import simpy
 
 from kvsim.hardware.spec import HardwareSpec
 from kvsim.manager.plan import COPY_INTRA, CopyBatch
-from kvsim.model.copy_paths import CopyRequest, device_work, host_seconds
+from kvsim.model.copy_paths import CopyRequest, device_work, host_seconds, lead_seconds
 from kvsim.runtime.records import CopyRecord
 from kvsim.sim.link import GB, Link
 
@@ -68,14 +68,11 @@ class CopyStream:
         return sum(host_seconds(self.hw, r) for r in self.requests_for(batch))
 
     def lead_seconds(self, batch: CopyBatch) -> float:
-        """Host time of ``batch``'s submission after which the device can start on it: one call
-        for per-page copies (the device copies while the host submits), else the whole
-        submission."""
+        """Host time of ``batch``'s submission after which the device can start on it
+        (:func:`kvsim.model.copy_paths.lead_seconds` of its first request)."""
         if batch.kind == COPY_INTRA:
             return 0.0
-        reqs = self.requests_for(batch)
-        lead = device_work(self.hw, reqs[0]).lead_host_seconds
-        return self.host_seconds(batch) if lead is None else lead
+        return lead_seconds(self.hw, self.requests_for(batch)[0])
 
     def submit(self, batch: CopyBatch, thread: str, api: str,
                not_before: float | None = None) -> simpy.Event:

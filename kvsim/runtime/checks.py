@@ -2,7 +2,8 @@
 
 * :func:`account_copies` -- pages and bytes moved, onto the call's record;
 * :class:`DisciplineCheck` -- the lock-discipline checker: a digest of the shared state around a
-  call made without the exclusive lock; any difference is a violation;
+  call made without the exclusive lock; any difference is a violation (:class:`DigestCache`
+  spares the digest before when nothing ran since the last one);
 * :func:`invariant_violations` -- the invariant checker's findings as violation records.
 """
 
@@ -26,18 +27,42 @@ def account_copies(rec: CallRecord, copies: list[CopyBatch], counts: WorkCounts)
     rec.dropped_pages = counts.pages_dropped
 
 
+class DigestCache:
+    """The last digest taken and whether it still describes the manager: valid until a call
+    runs unchecked (``invalidate``, before an exclusive call). Only for a driver whose calls never
+    overlap in real time (the simulator); real threads take a fresh digest every time."""
+
+    def __init__(self) -> None:
+        self.digest: dict[str, object] | None = None
+
+    def invalidate(self) -> None:
+        self.digest = None
+
+
 class DisciplineCheck:
     """Digest before, compare after: a call that mutated shared state without holding the lock
-    exclusively yields one violation naming the API, thread, time and the state touched."""
+    exclusively yields one violation naming the API, thread, time and the state touched. With a
+    :class:`DigestCache`, the digest before is the last one taken when nothing ran since."""
 
-    def __init__(self, manager: KVCacheManager, enabled: bool) -> None:
+    def __init__(self, manager: KVCacheManager, enabled: bool,
+                 cache: DigestCache | None = None) -> None:
         self.manager = manager
-        self.before = state_digest(manager) if enabled else None
+        self.cache = cache
+        if not enabled:
+            self.before = None
+            if cache is not None:
+                cache.invalidate()
+        elif cache is not None and cache.digest is not None:
+            self.before = cache.digest
+        else:
+            self.before = state_digest(manager)
 
     def violation(self, rec: CallRecord, lock_held: str, time: float) -> dict | None:
         if self.before is None:
             return None
         after = state_digest(self.manager)
+        if self.cache is not None:
+            self.cache.digest = after
         touched = [k for k in self.before if self.before[k] != after[k]]
         if not touched:
             return None

@@ -34,7 +34,7 @@ from typing import Any
 
 from kvsim.manager import CopyBatch, KVCacheManager, WorkCounts
 from kvsim.runtime.apis import Api, LockMode
-from kvsim.runtime.checks import DisciplineCheck, account_copies, invariant_violations
+from kvsim.runtime.checks import DigestCache, DisciplineCheck, account_copies, invariant_violations
 from kvsim.runtime.records import CallRecord
 from kvsim.runtime.steps import Call, Sleep, Step, Until
 
@@ -154,7 +154,10 @@ class CallLog:
     def __init__(self, manager: KVCacheManager, now: Callable[[], float], lock: Any,
                  wait_for_copies: bool, check_invariants: bool, check_lock_discipline: bool,
                  progress: Callable[[str], None] | None = None,
-                 recorder: Callable[[Call, str, CallRecord], None] | None = None) -> None:
+                 recorder: Callable[[Call, str, CallRecord], None] | None = None,
+                 calls_never_overlap: bool = False) -> None:
+        """``calls_never_overlap``: the driver runs one call's manager work at a time (a
+        simulated clock), so the discipline checker may reuse its last digest."""
         self.manager = manager
         self.now = now
         self.lock = lock
@@ -167,6 +170,7 @@ class CallLog:
         self.violations: list[dict] = []
         self.current_api: dict[str, str] = {}
         self._called: set[str] = set()
+        self.digests = DigestCache() if calls_never_overlap else None
 
     def new_record(self, thread: str, call: Call) -> CallRecord:
         # list.append is atomic under the GIL: real threads may call this at once
@@ -203,7 +207,8 @@ def call_steps(log: CallLog, thread: str, call: Call) -> Generator[Effect, Any, 
             yield LeaveBinding(thread, abandoned=True)
             return
         rec.lock_granted = log.now()
-    check = DisciplineCheck(log.manager, log.check_lock_discipline and log.lock.owner != thread)
+    check = DisciplineCheck(log.manager, log.check_lock_discipline and log.lock.owner != thread,
+                            log.digests)
     outcome, measured_s = yield Invoke(call)
     found = check.violation(rec, "shared" if thread in log.lock.readers else "no", log.now())
     if found:

@@ -102,7 +102,8 @@ class SimExecutor:
                                  {"offload": path, "onboard": path}, opt.kernel_ctas,
                                  opt.kernel_inflight_bytes, opt.aligned)
         self.log = pipeline.CallLog(manager, lambda: self.env.now, self.lock, opt.wait_for_copies,
-                                    opt.check_invariants, opt.check_lock_discipline)
+                                    opt.check_invariants, opt.check_lock_discipline,
+                                    calls_never_overlap=True)
         self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
         self._alive: set[str] = set()
         p = pipeline

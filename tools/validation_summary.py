@@ -8,7 +8,10 @@ in one directory; this names the files instead, so the summary says where each f
     python3 tools/validation_summary.py [--burst FILE] [--probe FILE] [--replication FILE] [--out FILE]
 
 A replication call's probe judge (default ``call-f/``, pre-registered in its PROTOCOL.md) adds
-``probe_replication_*`` beside the main call's probe figures.
+``probe_replication_*`` beside the main call's probe figures. Issue 23's judges add
+``plan_batches`` (the copy model on plan-shaped batches, held out: median and 90th percentile;
+the seed burst's and the largest onboard batch's GB/s by the selector's pick) and
+``concurrency`` (every shipped concurrency case: errors and verdicts), each naming its files.
 """
 
 from __future__ import annotations
@@ -25,6 +28,11 @@ sys.path.insert(0, str(ROOT))
 from kvsim.calibration.validate import combine  # noqa: E402
 
 V = Path("reports/validation-h200")
+PLAN = Path("plan-batches")  # relative to the validation directory (V)
+PLAN_REFIT = PLAN / "2026-12-04-refit-judge-summary.json"
+PLAN_SELECT = PLAN / "2026-12-04-select-judge.json.xz"
+PLAN_FULL = PLAN / "2026-12-03-plan-batches.json.xz"
+CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {
@@ -104,7 +112,73 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     files = {k: f for k, f in PROBE_HISTORY.items() if (root / f).exists()}
     out["probe_history"] = {k: _p99(root / f) for k, f in files.items()}
     out["probe_history_files"] = files
+    if (root / PLAN_REFIT).exists():
+        out["plan_batches"] = plan_batches(root)
+    if (root / CONCURRENCY).exists():
+        out["concurrency"] = concurrency(root)
     return out
+
+
+
+
+def plan_batches(root: Path) -> dict:
+    """The copy model on plan-shaped batches (held out) and the selector's seed-burst rates."""
+    from kvsim.calibration.packed import read_json
+
+    refit = json.loads((root / PLAN_REFIT).read_text())
+    sel = read_json(root / PLAN_SELECT)
+    burst = {}
+    for name in ("seed_burst", "onboard_largest"):
+        r = sel[name]
+        burst[name] = {"batch": r["batch"], "direction": r["direction"], "path": r["pick"],
+                       "device_gbps": r.get("pick_gated_gbps"),
+                       "select_end_to_end_gbps": r["bytes"] / r["select_ms"] / 1e6}
+    # the largest onboard batch of the shipped scenarios' plans
+    shipped = max((r for r in sel["rows"] if r["batch"].startswith("scenario/onboard/")),
+                  key=lambda r: r["pages"], default=None)
+    if shipped is not None:
+        burst["shipped_onboard_largest"] = {
+            "batch": shipped["batch"], "direction": "onboard", "path": shipped["pick"],
+            "device_gbps": shipped.get("pick_gated_gbps"),
+            "select_end_to_end_gbps": shipped["bytes"] / shipped["select_ms"] / 1e6}
+    # every path and CTA count on the seed burst (offload) and the largest shipped onboard batch,
+    # from the full 2026-12-03 run: device (gated) GB/s where gated, else end to end
+    from kvsim.calibration.plan_batches import load_measurement, measured_points
+
+    full = load_measurement(root / PLAN_FULL)
+    points, _ = measured_points(full)
+    size = {b["id"]: b["bytes"] for b in full["batches"]}
+    by_path = {}
+    for name in ("seed_burst", "shipped_onboard_largest"):
+        if name in burst:
+            bid = burst[name]["batch"]
+            by_path[bid] = {k: {"gbps": size[bid] / m.get("gated", m.get("issue")) / 1e9,
+                                "timing": "gated" if "gated" in m else "issue"}
+                            for k, m in sorted(points.get(bid, {}).items()) if k != "select"}
+    out = {"model_judge_median_ape_pct": refit["model"]["judge"]["median_ape_pct"],
+           "model_judge_p90_ape_pct": refit["model"]["judge"]["p90_ape_pct"],
+           "model_judge_points": refit["model"]["judge"]["count"],
+           "targets": refit["targets"],
+           "selector_within_same_file": f"{refit['selector']['within']}/{refit['selector']['judged']}",
+           "selector_within_remeasured": f"{sel['within']}/{sel['judged']}",
+           "burst": burst, "by_path_2026_12_03": by_path,
+           "from": [str(V / PLAN_REFIT), str(V / PLAN_SELECT), str(V / PLAN_FULL)]}
+    return out
+
+
+def concurrency(root: Path) -> dict:
+    """Every concurrency case's errors and verdicts, and the tally per target."""
+    j = json.loads((root / CONCURRENCY).read_text())
+    cases = {}
+    for name, c in j["cases"].items():
+        row = {k: (c[k]["error_pct"] if c[k].get("measured") is not None else None)
+               for k in ("writer_wait_ms", "probe_p50_ms", "probe_p99_ms")}
+        row["starvation"] = {"measured": c["starvation"]["measured"],
+                             "predicted": c["starvation"]["predicted"]}
+        row["deadlock"] = {"measured": c["deadlock"]["measured"], "predicted": c["deadlock"]["predicted"]}
+        cases[name] = row
+    return {"from": str(V / CONCURRENCY), "target_pct": j["target_pct"], "tally": j["tally"],
+            "cases": cases}
 
 
 def main(argv: list[str] | None = None) -> int:

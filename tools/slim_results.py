@@ -4,12 +4,15 @@ and every top-level section. For committing many runs (a probe run's results.jso
 and gzipped).
 
     python3 tools/slim_results.py DEST RUN_DIR...
+
+Each run lands in DEST under its path below the runs' common folder (one run: its own name).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -36,9 +39,22 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     dest = Path(argv[0])
-    for d in map(Path, argv[1:]):
-        slim(d, dest / d.name)
+    runs = [Path(d).resolve() for d in argv[1:]]
+    for d, name in zip(runs, destinations(runs)):
+        slim(d, dest / name)
     return 0
+
+
+def destinations(runs: list[Path]) -> list[Path]:
+    """Where each run goes under DEST: its path below the runs' common folder (its own name when
+    there is one run), so that ``a/variants/buggy`` and ``b/variants/buggy`` stay apart."""
+    if len(runs) == 1:
+        return [Path(runs[0].name)]
+    common = Path(os.path.commonpath(runs))
+    names = [r.relative_to(common) if r != common else Path(r.name) for r in runs]
+    if len(set(names)) < len(names):
+        raise SystemExit("slim_results: the same run directory is given twice")
+    return names
 
 
 if __name__ == "__main__":

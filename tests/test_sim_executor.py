@@ -183,3 +183,39 @@ def test_a_threads_first_call_pays_the_cpu_presets_first_call_factor(tmp_path):
     mine = [c for c in probes["calls"] if c["thread"] == "probe0"]
     assert mine[0]["cpu_ms"] == pytest.approx(3 * mine[1]["cpu_ms"])
     assert mine[1]["cpu_ms"] == pytest.approx(mine[2]["cpu_ms"])
+
+
+def test_a_call_after_a_sleep_pays_the_cpu_presets_after_sleep_time(tmp_path):
+    """after_sleep_us adds host time to a thread's first call after it slept, interpolated on
+    the sleep's length; back-to-back calls and presets without it pay nothing extra."""
+    import json
+
+    from kvsim.model.cpu_cost import load_cpu_model
+    from kvsim.scenario.schema import parse_scenario
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    preset["holds_gil"] = True
+    plain = DATA / f"_{tmp_path.name}-plain.json"
+    plain.write_text(json.dumps(preset))
+    preset["after_sleep_us"] = {"value": [[500, 50.0], [2000, 80.0]], "source": "test fixture"}
+    cold = DATA / f"_{tmp_path.name}-cold.json"
+    cold.write_text(json.dumps(preset))
+    one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
+        "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
+    try:
+        def run(cpu):
+            sf = scenario(tmp_path, one_thread)
+            out = execute(parse_scenario({**sf.data, "cpu_model": cpu}, sf.source))
+            return [c["latency_ms"] for c in out["calls"] if c["thread"] == "probe0"]
+
+        base, slow = run(plain.name), run(cold.name)
+        model = load_cpu_model(cold)
+    finally:
+        plain.unlink()
+        cold.unlink()
+    assert model.after_sleep_s(0.001) == pytest.approx(60e-6)  # 50 + 30 * 500 / 1500 us
+    assert model.after_sleep_s(0.0002) == pytest.approx(20e-6)
+    assert model.after_sleep_s(0.01) == pytest.approx(80e-6)
+    assert slow[0] == pytest.approx(base[0])  # the first probe did not follow a sleep
+    for b, s in zip(base[1:], slow[1:]):
+        assert s - b == pytest.approx(0.060, abs=1e-9)

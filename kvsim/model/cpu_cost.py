@@ -54,7 +54,23 @@ class CpuCostModel:
     thread_start_us: float = 0.0
     # The host speed the costs above were stretched by when loaded (they include it already).
     host_speed_factor: float = 1.0
+    # Extra host time of a thread's first Python after it slept for t: ((t_us, extra_us), ...)
+    # ascending, interpolated linearly (0 extra at t = 0), flat beyond the last point; empty: none.
+    after_sleep_us: tuple[tuple[float, float], ...] = ()
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def after_sleep_s(self, slept_s: float) -> float:
+        """The extra host seconds of the first call after sleeping ``slept_s``."""
+        pts = self.after_sleep_us
+        if not pts or slept_s <= 0:
+            return 0.0
+        t_us = slept_s * 1e6
+        prev_t, prev_x = 0.0, 0.0
+        for t, x in pts:
+            if t_us <= t:
+                return (prev_x + (x - prev_x) * (t_us - prev_t) / (t - prev_t)) * 1e-6
+            prev_t, prev_x = t, x
+        return prev_x * 1e-6
 
     def seconds(self, counts: WorkCounts) -> float:
         total = self.per_call_us
@@ -120,8 +136,29 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         gil_handover=_handover(path, data, optional, sources),
         thread_start_us=optional("thread_start_us", 0.0) * speed,
         host_speed_factor=speed,
+        after_sleep_us=_after_sleep(path, data, sources, speed),
         sources=sources,
     )
+
+
+def _after_sleep(path: Path, data: dict, sources: dict[str, str],
+                 speed: float) -> tuple[tuple[float, float], ...]:
+    """``after_sleep_us``: {"value": [[sleep_us, extra_us], ...], "source"}, sleep times rising
+    from > 0, extras >= 0; absent: no extra."""
+    key = "after_sleep_us"
+    entry = data.get(key)
+    if entry is None:
+        return ()
+    pts = entry.get("value") if isinstance(entry, dict) and set(entry) == {"value", "source"} else None
+    ok = isinstance(pts, list) and pts and all(
+        isinstance(p, list) and len(p) == 2
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p) for p in pts)
+    if not ok or pts[0][0] <= 0 or any(b[0] <= a[0] for a, b in zip(pts, pts[1:])) \
+            or any(p[1] < 0 for p in pts):
+        raise ConfigError(f"{path}: {key}: write {{\"value\": [[sleep_us, extra_us], ...], "
+                          "\"source\": \"...\"}} with sleep_us rising from > 0 and extra_us >= 0")
+    sources[key] = str(entry["source"])
+    return tuple((float(t), float(x) * speed) for t, x in pts)
 
 
 def _handover(path: Path, data: dict, optional, sources: dict[str, str]) -> Handover | None:

@@ -4,7 +4,8 @@ Each workload thread is a SimPy process running :func:`kvsim.runtime.pipeline.th
 this module performs the pipeline's effects in simulated time:
 
 * **Python** (entering and leaving a binding): the thread takes the GIL and spends
-  ``python_call_us / 2``;
+  ``python_call_us / 2``, plus the CPU preset's ``after_sleep_us`` on the first entry after the
+  thread slept;
 * **the binding waits**: a binding that may block on the lock releases the GIL first (the fixed
   KVCM2 bindings; per API, ``gil_release``), or keeps it (the bug the seed fixed);
 * **the lock**: the SimPy reader-writer lock (:mod:`kvsim.sim.rwlock`), reader- or
@@ -105,6 +106,7 @@ class SimExecutor:
                                     opt.check_invariants, opt.check_lock_discipline,
                                     calls_never_overlap=True)
         self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
+        self._slept: dict[str, float] = {}  # thread -> how long it last slept, until it runs
         self._alive: set[str] = set()
         p = pipeline
         self._plain = {p.BindingWaits: self._do_binding_waits, p.Invoke: self._do_invoke,
@@ -159,7 +161,11 @@ class SimExecutor:
                 send = yield from timed[type(effect)](effect)
 
     def _do_python(self, e: pipeline.Python):
-        yield from self._python(e.thread, self.cpu.python_call_us * 0.5e-6, e.api)
+        seconds = self.cpu.python_call_us * 0.5e-6
+        slept = self._slept.pop(e.thread, 0.0)
+        if slept:  # the first Python after a sleep runs cold (CPU preset's after_sleep_us)
+            seconds += self.cpu.after_sleep_s(slept)
+        yield from self._python(e.thread, seconds, e.api)
 
     def _do_binding_waits(self, e: pipeline.BindingWaits) -> None:
         if not self.cpu.holds_gil and self.options.gil_release.get(e.api.label, True):
@@ -249,11 +255,16 @@ class SimExecutor:
     def _do_sleep(self, e: pipeline.SleepFor):
         self.gil.release_fully(e.thread)  # sleeping threads do not hold the GIL
         yield self.env.timeout(e.seconds)
+        if self.cpu.after_sleep_us:
+            self._slept[e.thread] = e.seconds
 
     def _do_sleep_until(self, e: pipeline.SleepUntil):
         self.gil.release_fully(e.thread)
         if e.time > self.env.now:
-            yield self.env.timeout(e.time - self.env.now)
+            slept = e.time - self.env.now
+            yield self.env.timeout(slept)
+            if self.cpu.after_sleep_us:
+                self._slept[e.thread] = slept
 
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up

@@ -219,3 +219,18 @@ def test_a_call_after_a_sleep_pays_the_cpu_presets_after_sleep_time(tmp_path):
     assert slow[0] == pytest.approx(base[0])  # the first probe did not follow a sleep
     for b, s in zip(base[1:], slow[1:]):
         assert s - b == pytest.approx(0.060, abs=1e-9)
+
+
+@pytest.mark.parametrize("bad", [[[0, 5.0]], [[500, 5.0], [400, 6.0]], [[500, -1.0]], [[500]], []])
+def test_a_bad_after_sleep_table_is_refused_naming_the_file_and_key(tmp_path, bad):
+    import json
+
+    from kvsim.errors import ConfigError
+    from kvsim.model.cpu_cost import load_cpu_model
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    preset["after_sleep_us"] = {"value": bad, "source": "test fixture"}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(preset))
+    with pytest.raises(ConfigError, match=r"cpu\.json: after_sleep_us: "):
+        load_cpu_model(path)

@@ -19,7 +19,7 @@ FLOORS: list[set[str]] = [
     {"errors"},
     {"output_dir", "validation"},  # small utilities
     {"manager"},           # pure state
-    {"hardware"},          # hardware descriptions as data
+    {"hardware", "llm"},   # hardware and model architectures as data
     {"model"},             # formulas: copy paths and selection, CPU cost, link sharing
     {"traces"},            # trace file formats
     {"runtime"},           # what both executors share: API table, pipeline, records, metrics

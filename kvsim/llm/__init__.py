@@ -1,0 +1,1 @@
+"""Model architectures as data (:mod:`kvsim.llm.architectures`)."""

@@ -56,3 +56,21 @@ def test_fit_recovers_known_terms_and_judges_the_held_out_points():
     assert m["judge_errors"]["median_ape_pct"] == pytest.approx(0, abs=1e-6) and m["met"]
     worst = out["llama-3-8b"]["judge_errors"]["worst_ape_pct"]
     assert worst == pytest.approx(100 * (1 - 1 / 1.1), rel=1e-6)
+
+
+def test_the_floor_model_recovers_a_floor_and_its_terms():
+    import numpy as np
+
+    true = (0.6, 0.01, 4e-4, 5e-8, 3e-5)
+    records = []
+    for n in prefill_fit.GRID_NEW:
+        for c in prefill_fit.GRID_CACHED:
+            t = float(prefill_fit.floor_model(np.array(true), np.array([n], float), np.array([c], float))[0])
+            records.append({"arch": "llama-3-8b", "new": n, "cached": c, "per_layer_ms": t, "verified": True})
+    meas = {"grid": {"new": list(prefill_fit.GRID_NEW), "cached": list(prefill_fit.GRID_CACHED)},
+            "architectures": {"llama-3-8b": ARCHITECTURES["llama-3-8b"].__dict__}, "records": records}
+    out = prefill_fit.fit(meas, "floor")["architectures"]["llama-3-8b"]
+    assert out["judge_errors"]["median_ape_pct"] == pytest.approx(0, abs=1e-3) and out["met"]
+    assert out["floor_ms"] == pytest.approx(0.6, rel=1e-3)
+    with pytest.raises(ValueError, match="linear or floor"):
+        prefill_fit.fit(meas, "cubic")

@@ -176,7 +176,7 @@ def cta_counts(hw: Any, batch: dict, quick: bool = False) -> list[int]:
     """Kernel CTA counts measured for ``batch``: the base grid plus what the selector considers."""
     from kvsim.model.copy_select import CopySelector
 
-    opts = CopySelector(hw).kernel_cta_options(batch["direction"], min(batch["pool_slot_bytes"]))
+    opts = CopySelector(hw).kernel_cta_options()
     base = QUICK_CTAS if quick else BASE_CTAS
     return sorted(c for c in set(base) | set(opts) if c <= hw.kernel.sm_count)
 

@@ -191,12 +191,12 @@ def test_points_cover_every_path_and_the_selector_ctas(sweep):
         assert paths == {"ce-page", "ce-batch", "kernel", "select"}
         ctas = {c for p, c in pts if p == "kernel"}
         assert {1, 2, 4, 8, 16, 32, 64, 132} <= ctas
-        assert set(sel.kernel_cta_options(b["direction"], min(b["pool_slot_bytes"]))) <= ctas
+        assert set(sel.kernel_cta_options()) <= ctas
         pick = selector_pick(HW, b)
         assert pick in [(p, c) for p, c in pts]
     quick = cta_counts(HW, sweep[0], quick=True)
     assert set(QUICK_CTAS) <= set(quick)
-    assert set(sel.kernel_cta_options(sweep[0]["direction"], 16384)) <= set(quick)
+    assert set(sel.kernel_cta_options()) <= set(quick)
     # a select-only run measures the pick as a fixed point, then select
     assert points(HW, sweep[0], select_only=True) == [selector_pick(HW, sweep[0]), ("select", None)]
 

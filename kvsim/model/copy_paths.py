@@ -196,12 +196,13 @@ def _ce_page_span(hw: HardwareSpec, req: CopyRequest, rate_gbps: float) -> float
     return d + (req.pages - 1) * max(h, d)
 
 
-def lead_seconds(hw: HardwareSpec, req: CopyRequest) -> float:
+def lead_seconds(hw: HardwareSpec, req: CopyRequest, host: float | None = None) -> float:
     """Host time of the submission after which the device can start on the batch: per-page
     copies after the copier's own work and the first call; the copier's kernel after its launch
     (what the copier does after the launch runs beside the kernel); otherwise the whole
-    submission."""
-    host = host_seconds(hw, req)
+    submission. ``host``: the request's :func:`host_seconds`, when the caller has it."""
+    if host is None:
+        host = host_seconds(hw, req)
     if req.path == "ce-page":
         return host - (req.pages - 1) * hw.copy_engine.per_call_host_us * 1e-6
     if req.path == "kernel" and req.via_copier:
@@ -257,7 +258,7 @@ def estimate(hw: HardwareSpec, req: CopyRequest) -> CopyEstimate:
         seconds = _ce_page_span(hw, req, rate)
     else:
         seconds = work.fixed_seconds + work.num_bytes / (rate * GB)
-    lead = lead_seconds(hw, req)
+    lead = lead_seconds(hw, req, host)
     return CopyEstimate(
         path=req.path,
         direction=req.direction,

@@ -108,7 +108,8 @@ class CopySelector:
         self.sm_weight = float(sm_weight)
         self._chosen: dict[tuple, Selection] = {}  # the simulator asks for the same shapes often
 
-    def kernel_cta_options(self, direction: str, page_bytes: int | None = None) -> list[int]:
+    def kernel_cta_options(self) -> list[int]:
+        """The CTA counts priced for the kernel (module doc): powers of two and the SM count."""
         sms = self.hw.kernel.sm_count
         return sorted({1 << k for k in range(sms.bit_length()) if 1 << k <= sms} | {sms})
 
@@ -139,8 +140,7 @@ class CopySelector:
             return sel
         cands: list[tuple[float, int, str, CopyEstimate]] = []
         for path in self.paths:
-            options = (self.kernel_cta_options(direction, min(pool_slot_bytes))
-                       if path == "kernel" else [None])
+            options = self.kernel_cta_options() if path == "kernel" else [None]
             for ctas in options:
                 est = self.price(path, direction, pool_slot_bytes, pages, aligned, ctas)
                 cands.append((self.cost(est), ctas or 0, path, est))

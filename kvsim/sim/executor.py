@@ -227,9 +227,10 @@ class SimExecutor:
         slow = self.cpu.first_call_factor if e.first_call else 1.0
         handles, submit_s, now = [], 0.0, self.env.now
         for b in e.copies:
-            start = now + submit_s + self.stream.lead_seconds(b) * slow
-            handles.append(self.stream.submit(b, e.thread, e.api, not_before=start))
-            submit_s += self.stream.host_seconds(b) * slow
+            host_s, lead_s = self.stream.submission_seconds(b)
+            handles.append(self.stream.submit(b, e.thread, e.api,
+                                              not_before=now + submit_s + lead_s * slow))
+            submit_s += host_s * slow
         if self.cpu.holds_gil:
             yield from self._python(e.thread, submit_s, e.api)
         elif submit_s:

@@ -61,18 +61,16 @@ class CopyStream:
                             inflight, aligned=self.aligned, via_copier=i == 0)
                 for i, sb in enumerate(batch.pool_slot_bytes)]
 
-    def host_seconds(self, batch: CopyBatch) -> float:
-        """Host time to submit ``batch`` (0 for intra-level copies, outside the link model)."""
+    def submission_seconds(self, batch: CopyBatch) -> tuple[float, float]:
+        """``(host time to submit batch, host time after which the device can start on it)``:
+        the sum of its requests' :func:`kvsim.model.copy_paths.host_seconds`, and the
+        ``lead_seconds`` of its first request (0 and 0 for intra-level copies, outside the link
+        model)."""
         if batch.kind == COPY_INTRA:
-            return 0.0
-        return sum(host_seconds(self.hw, r) for r in self.requests_for(batch))
-
-    def lead_seconds(self, batch: CopyBatch) -> float:
-        """Host time of ``batch``'s submission after which the device can start on it
-        (:func:`kvsim.model.copy_paths.lead_seconds` of its first request)."""
-        if batch.kind == COPY_INTRA:
-            return 0.0
-        return lead_seconds(self.hw, self.requests_for(batch)[0])
+            return 0.0, 0.0
+        reqs = self.requests_for(batch)
+        hosts = [host_seconds(self.hw, r) for r in reqs]
+        return sum(hosts), lead_seconds(self.hw, reqs[0], hosts[0])
 
     def submit(self, batch: CopyBatch, thread: str, api: str,
                not_before: float | None = None) -> simpy.Event:

@@ -119,33 +119,29 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     return out
 
 
+def _pick(row: dict) -> dict:
+    """One batch of the select-only judge: its pick and the GB/s it reached."""
+    return {"batch": row["batch"], "direction": row["direction"], "path": row["pick"],
+            "device_gbps": row.get("pick_gated_gbps"),
+            "select_end_to_end_gbps": row["bytes"] / row["select_ms"] / 1e6}
 
 
 def plan_batches(root: Path) -> dict:
     """The copy model on plan-shaped batches (held out) and the selector's seed-burst rates."""
     from kvsim.calibration.packed import read_json
+    from kvsim.calibration.plan_batches import measured_points
 
     refit = json.loads((root / PLAN_REFIT).read_text())
     sel = read_json(root / PLAN_SELECT)
-    burst = {}
-    for name in ("seed_burst", "onboard_largest"):
-        r = sel[name]
-        burst[name] = {"batch": r["batch"], "direction": r["direction"], "path": r["pick"],
-                       "device_gbps": r.get("pick_gated_gbps"),
-                       "select_end_to_end_gbps": r["bytes"] / r["select_ms"] / 1e6}
+    burst = {name: _pick(sel[name]) for name in ("seed_burst", "onboard_largest")}
     # the largest onboard batch of the shipped scenarios' plans
     shipped = max((r for r in sel["rows"] if r["batch"].startswith("scenario/onboard/")),
                   key=lambda r: r["pages"], default=None)
     if shipped is not None:
-        burst["shipped_onboard_largest"] = {
-            "batch": shipped["batch"], "direction": "onboard", "path": shipped["pick"],
-            "device_gbps": shipped.get("pick_gated_gbps"),
-            "select_end_to_end_gbps": shipped["bytes"] / shipped["select_ms"] / 1e6}
+        burst["shipped_onboard_largest"] = _pick(shipped)
     # every path and CTA count on the seed burst (offload) and the largest shipped onboard batch,
     # from the full 2026-12-03 run: device (gated) GB/s where gated, else end to end
-    from kvsim.calibration.plan_batches import load_measurement, measured_points
-
-    full = load_measurement(root / PLAN_FULL)
+    full = read_json(root / PLAN_FULL)
     points, _ = measured_points(full)
     size = {b["id"]: b["bytes"] for b in full["batches"]}
     by_path = {}
@@ -179,7 +175,6 @@ def concurrency(root: Path) -> dict:
         cases[name] = row
     return {"from": str(V / CONCURRENCY), "target_pct": j["target_pct"], "tally": j["tally"],
             "cases": cases}
-
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

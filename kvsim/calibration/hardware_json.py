@@ -169,9 +169,9 @@ def _add_plan_batches(data: dict, path: str) -> None:
     """Replace the figures :func:`kvsim.calibration.plan_batch_fit.refit` fits, each with its
     source: the file, its GPU and driver, and the module's rule for that figure."""
     from kvsim.calibration import plan_batch_fit
-    from kvsim.calibration.plan_batches import load_measurement
+    from kvsim.calibration.packed import read_json
 
-    meas = load_measurement(path)
+    meas = read_json(path)
     _, report = plan_batch_fit.refit(hardware_from_dict(data, f"{data['name']} (being fitted)"), meas)
     prov = meas["provenance"]
     label = (f"{path} ({prov['gpu_name']}, driver {prov['nvml_start']['driver_version']}, "

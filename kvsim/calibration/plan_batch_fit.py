@@ -36,12 +36,11 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 
 from kvsim.calibration.cpu_fit import nnls
-from kvsim.calibration.plan_batches import load_measurement, measured_points, role
+from kvsim.calibration.plan_batches import measured_points, role
 from kvsim.hardware.spec import DIRECTIONS, HardwareSpec, PerDirection
 from kvsim.model.copy_select import CopySelector
 
@@ -239,9 +238,3 @@ def figures(hw: HardwareSpec) -> dict:
                    "submit_copy_engine_host_us": c.submit_copy_engine_host_us,
                    "submit_after_launch_host_us": pd(c.submit_after_launch_host_us)},
     }
-
-
-def refit_file(hw: HardwareSpec, path: str | Path) -> tuple[HardwareSpec, dict]:
-    return refit(hw, load_measurement(path))
-
-

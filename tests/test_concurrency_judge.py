@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvsim.calibration import concurrency_judge as cj
-from kvsim.calibration.packed import pack_results, read_json
+from kvsim.calibration.packed import SLIM_CALL_FIELDS, pack_results, read_json
 from kvsim.errors import KvsimError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,7 +61,7 @@ def test_the_dry_run_writes_every_round_of_the_chosen_cases(measured):
             assert results["executor"] == "sim"
             # round r's GIL draws are seeded as the judge predicts round r
             assert results["resolved"]["sim"]["gil_seed"] == results["scenario"]["seed"] + r - 1
-            assert set(results["calls"][0]) == set(cj.KEEP)
+            assert set(results["calls"][0]) == set(SLIM_CALL_FIELDS)
 
 
 def test_identical_inputs_give_zero_error_and_equal_verdicts(measured, tmp_path):

@@ -16,19 +16,14 @@ import os
 import sys
 from pathlib import Path
 
-KEEP = ("index", "thread", "phase", "api", "mode", "ok", "error", "start_ms", "latency_ms",
-        "lock_requested_ms", "lock_granted_ms", "lock_released_ms", "lock_wait_ms", "cpu_ms",
-        "submit_ms", "copies_done_ms", "offloaded_pages", "onboarded_pages", "dropped_pages")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-
-def _round(v: object) -> object:
-    """Milliseconds to 0.1 us: far below what a perf_counter pair resolves on these hosts."""
-    return round(v, 4) if isinstance(v, float) else v
+from kvsim.calibration.packed import slim_calls  # noqa: E402
 
 
 def slim(run_dir: Path, dest: Path) -> None:
     data = json.loads((run_dir / "results.json").read_text())
-    data["calls"] = [{k: _round(c.get(k)) for k in KEEP} for c in data["calls"]]
+    data["calls"] = slim_calls(data["calls"])
     dest.mkdir(parents=True, exist_ok=True)
     text = json.dumps(data, sort_keys=True).encode()
     (dest / "results.json.gz").write_bytes(gzip.compress(text, mtime=0))

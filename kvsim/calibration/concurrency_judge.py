@@ -58,7 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvsim.calibration.packed import pack_results
+from kvsim.calibration.packed import pack_results, slim_calls
 from kvsim.calibration.validate import _probes, read_results, run_bootstrap
 from kvsim.errors import KvsimError
 from kvsim.output_dir import open_output_dir
@@ -74,10 +74,6 @@ COMMON = ("sim.copy_path=select", "hw.warmup_runs=1")
 PROBE_THREADS = (4, 8)  # probe_during_resize: the scenario's 8 and the GIL fit's lower count, 4
 PROBE_INTERVALS_US = (0, 500, 2000)  # closed loop (the scenario's), ~1.7x and ~7x a probe
 RUN_LIMIT_S = 60.0  # a run still going after this long is a hang (the longest take ~5 s on the VM)
-# The slim form of a call (tools/slim_results.py's KEEP: what the judge and kvsim validate read).
-KEEP = ("index", "thread", "phase", "api", "mode", "ok", "error", "start_ms", "latency_ms",
-        "lock_requested_ms", "lock_granted_ms", "lock_released_ms", "lock_wait_ms", "cpu_ms",
-        "submit_ms", "copies_done_ms", "offloaded_pages", "onboarded_pages", "dropped_pages")
 MODES = {"hw": ("hw", "cuda"), "no-gpu": ("hw", "none"), "dry-run": ("sim", None)}
 TARGETS = ("writer_wait_ms", "probe_p50_ms", "probe_p99_ms", "starvation", "deadlock")
 RESULT_FILES = ("results.json", "results.json.xz", "results.json.gz")
@@ -241,13 +237,13 @@ def write_manifest(out: Path, mode: str, root: Path, budget_s: float | None) -> 
 
 
 def slim(results: dict) -> dict:
-    """The results object as results.json holds it, its calls cut to :data:`KEEP` with times to
-    0.1 us (as tools/slim_results.py), ready for :func:`pack_results`."""
+    """The results object as results.json holds it, its calls slim
+    (:func:`kvsim.calibration.packed.slim_calls`, as tools/slim_results.py), ready for
+    :func:`pack_results`."""
     from kvsim.scenario.results import finite, public
 
     data = finite(public(results))
-    data["calls"] = [{k: (round(v, 4) if isinstance(v := c.get(k), float) else v) for k in KEEP}
-                     for c in data["calls"]]
+    data["calls"] = slim_calls(data["calls"])
     return data
 
 

@@ -25,7 +25,6 @@ Writes ``DIR/<YYYY-MM-DD>-prefill.json``. The grid is fixed here (:data:`GRID_NE
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -34,6 +33,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
+from hw.bench_copy import write_doc
 from kvsim.llm.architectures import ARCHITECTURES, Architecture
 
 SCHEMA = "kvsim-prefill/1"
@@ -178,8 +178,11 @@ def main(argv: list[str] | None = None) -> int:
                             "python": platform.python_version(), "torch": torch.__version__,
                             "device": args.device}
     if args.device.startswith("cuda"):
+        from hw.bench_copy import nvml_snapshot
+
         prov["gpu_name"] = torch.cuda.get_device_name(0)
         prov["cuda"] = torch.version.cuda
+        prov["nvml"] = nvml_snapshot(torch.cuda.current_device(), brief=True)  # driver, clocks
     doc = {"schema": SCHEMA, "command": "python3 -m hw.bench_prefill " + " ".join(argv or sys.argv[1:]),
            "method": (__doc__ or "").split("\n\n", 1)[1].split("\n\n    python3")[0],
            "provenance": prov, "tiny_scale": scale,
@@ -191,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
            "elapsed_s": round(time.perf_counter() - t0, 1)}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"{prov['date_utc'][:10]}-prefill.json")
-    with open(path, "w") as f:
-        json.dump(doc, f)
+    write_doc(doc, None, path, t0)
     bad = sum(not r["verified"] for r in records)
     print(f"{len(records)} points, {bad} failed checks, {len(problems)} errors, {len(skipped)} "
           f"skipped; {doc['elapsed_s']} s; wrote {path}")

@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
 
         prov["gpu_name"] = torch.cuda.get_device_name(0)
         prov["cuda"] = torch.version.cuda
-        prov["nvml"] = nvml_snapshot(torch.cuda.current_device(), brief=True)  # driver, clocks
+        prov["nvml"] = nvml_snapshot(torch.cuda.current_device())  # driver version, clocks, link
     doc = {"schema": SCHEMA, "command": "python3 -m hw.bench_prefill " + " ".join(argv or sys.argv[1:]),
            "method": (__doc__ or "").split("\n\n", 1)[1].split("\n\n    python3")[0],
            "provenance": prov, "tiny_scale": scale,

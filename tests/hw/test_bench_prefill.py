@@ -20,3 +20,4 @@ def test_tiny_prefill_run_on_the_gpu(tmp_path):
     doc = json.loads(path.read_text())
     assert doc["records"] and all(r["verified"] for r in doc["records"])
     assert doc["provenance"]["gpu_name"]
+    assert doc["provenance"]["nvml"]["driver_version"]  # raw data names its driver

@@ -177,6 +177,13 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return x
 
 
+def relative_nnls(rows, target, scale=None) -> np.ndarray:
+    """:func:`nnls` of relative errors: each row divided by its measured value (``scale``,
+    default ``target``), so that small values weigh as much as large ones."""
+    w = 1.0 / np.asarray(scale if scale is not None else target, dtype=float)
+    return nnls(np.asarray(rows, dtype=float) * w[:, None], np.asarray(target, dtype=float) * w)
+
+
 def fit(cases: list[Case]) -> dict[str, float]:
     """Unit costs in microseconds (and ``per_call_us``) from the ``fit`` cases.
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from kvsim.calibration.cpu_fit import nnls
+from kvsim.calibration.cpu_fit import relative_nnls
 from kvsim.calibration.plan_batches import measured_points, role
 from kvsim.hardware.spec import DIRECTIONS, HardwareSpec, PerDirection
 from kvsim.model.copy_select import CopySelector
@@ -114,14 +114,6 @@ def _set(hw: HardwareSpec, section: str, field: str, value, direction: str | Non
     return replace(hw, **{section: replace(part, **{field: value})})
 
 
-def _relative_nnls(rows: list[list[float]], target: list[float],
-                   scale: list[float] | None = None) -> np.ndarray:
-    """Non-negative least squares of relative errors: each row divided by its measured value
-    (``scale``, default ``target``), so that small batches weigh as much as large ones."""
-    w = 1.0 / np.asarray(scale if scale is not None else target, dtype=float)
-    return nnls(np.asarray(rows, dtype=float) * w[:, None], np.asarray(target, dtype=float) * w)
-
-
 def _e2e(hw: HardwareSpec, p: Point) -> float:
     return CopySelector(hw).price(p.path, p.direction, p.pool_slot_bytes, p.pages, True,
                                   p.ctas).end_to_end_seconds
@@ -160,7 +152,7 @@ def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
     # Host: per-page calls (pages < 64 KiB)
     page = [p for p in pts if p.path == "ce-page" and p.host_s
             and max(p.pool_slot_bytes) < SMALL_COPY_MAX_BYTES]
-    x = _relative_nnls([[1.0, float(p.copies)] for p in page], [p.host_s * 1e6 for p in page])
+    x = relative_nnls([[1.0, float(p.copies)] for p in page], [p.host_s * 1e6 for p in page])
     hw = _set(hw, "copy_engine", "per_call_host_us", float(x[1]))
     hw = replace(hw, copier=replace(hw.copier, submit_copy_engine_host_us=float(x[0])))
 
@@ -172,7 +164,7 @@ def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
         small_kib = sum(p.pages * sb / 1024 for sb in p.pool_slot_bytes if sb < SMALL_COPY_MAX_BYTES)
         rows.append([1.0, p.copies if off else 0.0, 0.0 if off else p.copies,
                      small_kib if off else 0.0, 0.0 if off else small_kib])
-    x = _relative_nnls(rows, [p.host_s * 1e6 for p in batch])
+    x = relative_nnls(rows, [p.host_s * 1e6 for p in batch])
     hw = replace(hw, copy_engine=replace(
         hw.copy_engine, batch_call_host_us=float(x[0]),
         batch_descriptor_host_us=PerDirection(offload=float(x[1]), onboard=float(x[2])),
@@ -182,7 +174,7 @@ def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
     # Host: the copier's kernel submission
     kern = [p for p in pts if p.path == "kernel" and p.host_s]
     launch = hw.kernel.launch_host_us
-    x = _relative_nnls([[1.0, float(p.pages)] for p in kern],
+    x = relative_nnls([[1.0, float(p.pages)] for p in kern],
                        [p.host_s * 1e6 - len(p.pool_slot_bytes) * launch for p in kern],
                        [p.host_s * 1e6 for p in kern])
     hw = replace(hw, copier=replace(hw.copier, submit_batch_host_us=float(x[0]),

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from hw.bench_prefill import GRID_CACHED, GRID_NEW
-from kvsim.calibration.cpu_fit import nnls
+from kvsim.calibration.cpu_fit import relative_nnls
 from kvsim.calibration.packed import read_json
 
 TARGET_MEDIAN_APE_PCT = 5.0
@@ -103,9 +103,8 @@ def fit(measurement: dict, model: str = "linear") -> dict:
                 return float(floor_model(coef, np.array([r["new"]], float),
                                          np.array([r["cached"]], float))[0])
         else:
-            w = np.array([1.0 / r["per_layer_ms"] for r in fit_rows])
-            a = np.array([features(r["new"], r["cached"], window) for r in fit_rows]) * w[:, None]
-            coef = nnls(a, np.array([r["per_layer_ms"] for r in fit_rows]) * w)
+            coef = relative_nnls([features(r["new"], r["cached"], window) for r in fit_rows],
+                                 [r["per_layer_ms"] for r in fit_rows])
 
             def predict(r: dict, coef=coef, window=window) -> float:
                 return float(np.dot(coef, features(r["new"], r["cached"], window)))

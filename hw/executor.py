@@ -38,7 +38,7 @@ from kvsim.runtime.records import (
     RunResult,
     StuckThread,
 )
-from kvsim.runtime.steps import Call, Step
+from kvsim.runtime.steps import Call, GpuTimes, Step
 
 
 class NullCopier:
@@ -115,7 +115,8 @@ class HwExecutor:
             p.SpendCpu: lambda e: (e.measured_s, {}), p.SubmitCopies: self._do_submit,
             p.ReleaseLock: lambda e: self.lock.release(e.thread),
             p.WaitCopies: self._do_wait_copies, p.SleepFor: lambda e: time.sleep(e.seconds),
-            p.SleepUntil: self._do_sleep_until}
+            p.SleepUntil: self._do_sleep_until, p.ReadClock: lambda e: self.now(),
+            p.Compute: self._do_compute}
 
     def now(self) -> float:
         return time.perf_counter() - self.t0
@@ -155,6 +156,18 @@ class HwExecutor:
         e.record._copies = e.handles  # their device times are known at the end of the run
         if e.block:
             self.copier.wait(e.handles)
+
+    def _do_compute(self, e: pipeline.Compute) -> GpuTimes:
+        """A forward pass: wait for every copy submitted so far (the copier's streams), then
+        run the pass (``work.run``) or, without one, wait its modelled seconds. No overlap."""
+        start = self.now()
+        self.copier.wait([])
+        landed = self.now()
+        if e.work.run is not None:
+            e.work.run()
+        elif e.work.seconds > 0:
+            time.sleep(e.work.seconds)
+        return GpuTimes(start, landed, self.now())
 
     def _do_sleep_until(self, e: pipeline.SleepUntil) -> None:
         delay = e.time - self.now()

@@ -32,7 +32,7 @@ def toy():
 
 def finish_times(toy, transfers):
     env = simpy.Environment()
-    link = Link(env, toy)
+    link = Link.of_hardware(env, toy)
     done = {}
 
     def go(name, start, nbytes, direction, cap):
@@ -155,7 +155,7 @@ def test_a_copier_batch_after_an_idle_spell_waits_the_wake_up_time(toy):
     from kvsim.sim.stream import CopyStream
 
     env = simpy.Environment()
-    stream = CopyStream(env, "s", Link(env, toy), toy, {"offload": "select"}, None, None, True)
+    stream = CopyStream(env, "s", Link.of_hardware(env, toy), toy, {"offload": "select"}, None, None, True)
     batch = CopyBatch(0, 1, 0, np.arange(64, dtype=np.int32), np.arange(64, dtype=np.int32),
                       (32768, 32768))
     took = []

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 # Help for options of commands defined outside kvsim/cli that carry none, by (command, dest).
 def build_parser() -> argparse.ArgumentParser:
     from kvsim.calibration import calibrate, validate
-    from kvsim.cli import bench, copy_model, detect, explore, presets, replay_cache, run
+    from kvsim.cli import bench, copy_model, detect, explore, presets, replay_cache, run, tiers
     from kvsim.cli._common import CommandParser, package_version, polish
     from kvsim.sweep import cli as sweep_cli
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 parser_class=CommandParser,
                                 help="one of these (kvsim COMMAND --help for its options)")
     for module in (bench, run, copy_model, explore, detect, replay_cache, sweep_cli, calibrate,
-                   validate, presets):
+                   validate, presets, tiers):
         module.add_parser(sub)
     polish(parser)
     return parser

@@ -36,7 +36,7 @@ from kvsim.manager import CopyBatch, KVCacheManager, WorkCounts
 from kvsim.runtime.apis import Api, LockMode
 from kvsim.runtime.checks import DigestCache, DisciplineCheck, account_copies, invariant_violations
 from kvsim.runtime.records import CallRecord
-from kvsim.runtime.steps import Call, Sleep, Step, Until
+from kvsim.runtime.steps import Call, GpuWork, Now, Sleep, Step, Until
 
 
 # -- effects ---------------------------------------------------------------------------------------
@@ -146,6 +146,22 @@ class SleepUntil:
     time: float
 
 
+@dataclass(frozen=True, slots=True)
+class ReadClock:
+    """The executor returns its clock (seconds since the threads started)."""
+
+    thread: str
+
+
+@dataclass(frozen=True, slots=True)
+class Compute:
+    """The thread's :class:`~kvsim.runtime.steps.GpuWork`; the executor returns its
+    :class:`~kvsim.runtime.steps.GpuTimes`."""
+
+    thread: str
+    work: GpuWork
+
+
 # -- what the pipeline needs from the run ------------------------------------------------------------
 class CallLog:
     """The run's shared records: the calls, the violations, and what the checks need. The
@@ -247,14 +263,25 @@ def call_steps(log: CallLog, thread: str, call: Call) -> Generator[Effect, Any, 
 
 
 def thread_steps(log: CallLog, name: str, steps: Iterator[Step]) -> Generator[Effect, Any, None]:
-    """One workload thread: its calls through :func:`call_steps`, its sleeps as effects."""
-    for step in steps:
+    """One workload thread: its calls through :func:`call_steps`, its other steps as effects
+    (the values of :class:`Now` and :class:`GpuWork` are sent back into the thread)."""
+    value = None
+    while True:
+        try:
+            step = steps.send(value) if value is not None else next(steps)
+        except StopIteration:
+            return
+        value = None
         if isinstance(step, Call):
             yield from call_steps(log, name, step)
         elif isinstance(step, Sleep):
             yield SleepFor(name, step.seconds)
         elif isinstance(step, Until):
             yield SleepUntil(name, step.time)
+        elif isinstance(step, Now):
+            value = yield ReadClock(name)
+        elif isinstance(step, GpuWork):
+            value = yield Compute(name, step)
         else:
             raise TypeError(f"unknown workload step {step!r}")
 

@@ -43,7 +43,39 @@ class Until:
     time: float
 
 
-Step = Call | Sleep | Until
+@dataclass(frozen=True, slots=True)
+class Now:
+    """Read the executor's clock: ``t = yield Now()`` gives the seconds since the threads
+    started (a scheduler deciding what has arrived)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuWork:
+    """A forward pass on the GPU's compute stream, which needs the copies this thread has
+    submitted since its last ``GpuWork`` (an engine waits on its onboarding before the pass).
+
+    ``seconds`` is the pass's modelled GPU time. ``layers`` 0: the pass starts when the copies
+    have landed. ``layers`` L > 0: it overlaps them layer by layer (layer i runs once its 1/L
+    of the copies has landed), ending at ``max(landed + seconds / L, start + (landed - start)
+    / L + seconds)``. ``run``, if given, is what a hardware executor runs instead of waiting
+    ``seconds`` (a real forward pass; it runs after the copies, without overlap). The step's
+    value (``times = yield GpuWork(...)``) is a :class:`GpuTimes`."""
+
+    seconds: float
+    layers: int = 0
+    run: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuTimes:
+    """When a :class:`GpuWork` started (asked), when its copies had landed, when it ended."""
+
+    start: float
+    copies_landed: float
+    end: float
+
+
+Step = Call | Sleep | Until | Now | GpuWork
 
 
 @dataclass
@@ -51,11 +83,13 @@ class Workload:
     """``setup`` calls, then the timed threads that ``make_threads()`` builds (called after the
     setup ran, since threads may need what it made). ``holds``: what the workload keeps alive
     while it runs, such as the handle of a request that stays open after its thread is done
-    (a cache whose last reference goes is closed, as KVCM2's destructor does)."""
+    (a cache whose last reference goes is closed, as KVCM2's destructor does). ``summary``, if
+    given, returns the workload's own figures after the run (results' ``workload_summary``)."""
 
     setup: Iterable[Call]
     make_threads: Callable[[], dict[str, Iterator[Step]]]
     holds: tuple = ()
+    summary: Callable[[], dict] | None = None
 
 
 def set_capacity(cache: KvCache, capacity: int) -> Outcome:

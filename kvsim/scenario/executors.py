@@ -23,6 +23,11 @@ def _setup(scenario: Scenario) -> tuple[KVCacheManager, Workload]:
     return manager, build_workload(scenario.workload, scenario.manager, manager, scenario.seed)
 
 
+def _summary(workload: Workload) -> dict:
+    """The workload's own figures, if it keeps any (a serving engine's TTFT)."""
+    return {} if workload.summary is None else {"workload_summary": workload.summary()}
+
+
 def run_plan(scenario: Scenario) -> dict:
     manager, workload = _setup(scenario)
     run = plan_run(manager, workload)
@@ -46,17 +51,23 @@ def run_sim(scenario: Scenario, progress=None) -> dict:
                          check_lock_discipline=s.check_lock_discipline,
                          schedule_seed=s.schedule_seed, jitter=s.jitter,
                          gil_seed=scenario.seed if s.gil_seed is None else s.gil_seed)
-    executor = SimExecutor(manager, hardware, cpu, options)
+    disk = None
+    if s.disk is not None:
+        from kvsim.hardware.disk import load_disk
+
+        disk = load_disk(s.disk, s.disk_drives)
+    executor = SimExecutor(manager, hardware, cpu, options, disk)
     executor.progress = progress
     wall0 = time.perf_counter()
     run = executor.run(workload.make_threads())
     wall = time.perf_counter() - wall0
-    return timed_results(scenario, manager, run, hardware.name) | {
+    return timed_results(scenario, manager, run, hardware.name) | _summary(workload) | {
         "cpu_model": cpu.name,
         "sim": {"end_time_s": run.end_time, "events": run.events_processed,
                 "options": {k: (dict(v) if k == "gil_release" else v)
                             for k, v in vars(options).items()}},
         "setup_failures": setup_failed,
+        **({"disk": vars(disk)} if disk is not None else {}),
         "_wall_s": wall,  # not written to results.json (varies run to run)
     }
 
@@ -121,7 +132,7 @@ def _run_hw_once(scenario: Scenario) -> dict:
         if pools is not None:
             pools.close()
     unrecorded = executor.unrecorded + unrecorded_setup[0] if recorder else None
-    return timed_results(scenario, manager, run, hardware.name) | {
+    return timed_results(scenario, manager, run, hardware.name) | _summary(workload) | {
         "hw": {"copier": copier.name, "verify": h.verify, "thread_errors": run.errors,
                "pages_verified": getattr(copier, "pages_verified", 0),
                "pages_signed": getattr(copier, "pages_signed", 0),

@@ -38,6 +38,10 @@ Schema (``*`` = required)::
       schedule_seed: int            # interleaving exploration: perturb delays and event order
       jitter: float in [0, 1)       # relative perturbation of each modelled delay (default 0.1)
       gil_seed: int                 # the measured GIL hand-over's draws (default: the seed)
+      disk: str                     # the disk level's drive: a preset (micron-7450-gen4,
+                                    # micron-9550-gen5) or a JSON file; default: none (disk
+                                    # copies are priced as CPU-GPU copies)
+      disk_drives: int in [1, 64]   # drives striped together (default 1)
     manager*:
       tokens_per_block: int in [1, 65536]   # default 32
       layers*: list of
@@ -77,6 +81,11 @@ Schema (``*`` = required)::
       prefill_token_interval_us, decode_resize, probe_on_arrival, client_threads, skip_bad_lines
       # op_trace (faithful replay of a JSONL op trace; format in kvsim/traces/op_trace.py):
       trace*: path, skip_bad_lines
+      # serving (an engine over a Mooncake trace: queue, batching, onboarding, TTFT; see
+      # kvsim/serving/engine.py):
+      trace*: path, architecture*: llama-3-8b | llama-3-70b-tp8 | mistral-7b-v0.1
+      engine_times, max_requests, time_scale, max_batch_tokens, max_running,
+      decode_commit_tokens, overlap_onboarding, skip_bad_lines
     hw:                             # hw executor options (lock policy, copy path, waits and
                                     # checks come from `sim:`)
       copier: cuda | none           # none: real threads and lock, no copies (no GPU needed)
@@ -117,6 +126,7 @@ from kvsim.manager.limits import (
 )
 from kvsim.runtime.apis import LABELS
 from kvsim.scenario.source import PathKey, Source
+from kvsim.serving.engine import ServingWorkload
 from kvsim.validation import (
     MAX_SEED,
     Bool,
@@ -172,11 +182,11 @@ def _scope(value: Any) -> Any:
 
 Scope = Annotated[Any, BeforeValidator(_scope)]
 Workload = Annotated[BurstResizeWorkload | SeedConcurrencyWorkload | ConcurrentProbeWorkload
-                     | GilAntagonistWorkload | MooncakeReplayWorkload | OpTraceWorkload,
-                     Field(discriminator="kind")]
+                     | GilAntagonistWorkload | MooncakeReplayWorkload | OpTraceWorkload
+                     | ServingWorkload, Field(discriminator="kind")]
 WORKLOADS = tuple(t.__dataclass_fields__["kind"].default for t in (
     BurstResizeWorkload, ConcurrentProbeWorkload, GilAntagonistWorkload, SeedConcurrencyWorkload,
-    MooncakeReplayWorkload, OpTraceWorkload))
+    MooncakeReplayWorkload, OpTraceWorkload, ServingWorkload))
 
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(ManagerConfig)
             if f.default is not dataclasses.MISSING}
@@ -232,6 +242,8 @@ class SimSettings:
     schedule_seed: IntRange(0, MAX_SEED) | None = None  # interleaving exploration
     jitter: FloatRange(0.0, 0.99) = 0.1  # relative perturbation of each modelled delay
     gil_seed: IntRange(0, MAX_SEED) | None = None  # None: the scenario's seed
+    disk: Str | None = None  # the disk level's drive (kvsim/hardware/disks/), or a JSON file
+    disk_drives: IntRange(1, 64) = 1  # drives striped together
 
     def __post_init__(self) -> None:  # hashable and ordered, as results record it
         object.__setattr__(self, "gil_release", tuple(sorted(dict(self.gil_release).items())))
@@ -368,7 +380,7 @@ def _trace(workload: Any, source: Source) -> Any:
         raise source.error(where, f"no such file: {path}")
     if not path.is_file():
         raise source.error(where, f"not a file: {path}")
-    load = load_mooncake if isinstance(workload, MooncakeReplayWorkload) else load_op_trace
+    load = (load_op_trace if isinstance(workload, OpTraceWorkload) else load_mooncake)
     try:
         load(str(path), workload.skip_bad_lines)
     except ConfigError as e:
@@ -416,6 +428,25 @@ def _check_workload(source: Source, config: ManagerConfig, workload: Any) -> Non
         _check_burst(source, ("workload",), config, workload)
     elif isinstance(workload, ConcurrentProbeWorkload):  # seed_concurrency is one too
         _check_burst(source, ("workload", "background"), config, workload.background)
+    elif isinstance(workload, ServingWorkload):
+        _check_serving(source, config, workload)
+
+
+def _check_serving(source: Source, config: ManagerConfig, workload: ServingWorkload) -> None:
+    """The manager holds the architecture's KV cache; the engine times exist for it."""
+    from kvsim.llm.architectures import architecture
+    from kvsim.llm.engine_time import load_engine_times
+    from kvsim.serving.engine import check_layout
+
+    arch = architecture(workload.architecture)
+    try:
+        check_layout(config, arch)
+    except ConfigError as e:
+        raise source.error(("manager", "layers"), str(e)) from None
+    try:
+        load_engine_times(workload.engine_times, arch)
+    except (ConfigError, ValueError) as e:
+        raise source.error(("workload", "engine_times"), str(e)) from None
 
 
 def _variants(doc: ScenarioDoc, source: Source) -> tuple[Variant, ...]:
@@ -442,11 +473,12 @@ def _variants(doc: ScenarioDoc, source: Source) -> tuple[Variant, ...]:
 
 
 def _preset(source: Source, key: str, value: str, loader) -> None:
-    """A hardware or CPU preset must load (a name that exists, a file that parses)."""
+    """A hardware, CPU or disk preset must load (a name that exists, a file that parses);
+    ``key`` is the field's dotted name."""
     try:
         loader(value)
     except (ConfigError, OSError, ValueError) as e:
-        raise source.error((key,), str(e)) from None
+        raise source.error(tuple(key.split(".")), str(e)) from None
 
 
 def parse_scenario(data: Any, source: Source) -> Scenario:
@@ -467,13 +499,25 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
 
         _preset(source, "cpu_model", cpu_model, load_cpu_model)
     manager = _manager_config(doc.manager, source)
+    sim = doc.sim
+    if sim.disk is not None:
+        from kvsim.hardware.disk import load_disk
+
+        sim = dataclasses.replace(sim, disk=_resolve(sim.disk, source))
+        _preset(source, "sim.disk", sim.disk, load_disk)
+        if len(manager.levels) < 3:
+            raise source.error(("sim", "disk"), f"a disk is given but manager.levels has "
+                               f"{len(manager.levels)} levels; the disk is level 3 (gpu, host, disk)")
     workload = doc.workload
-    if isinstance(workload, (MooncakeReplayWorkload, OpTraceWorkload)):
+    if isinstance(workload, (MooncakeReplayWorkload, OpTraceWorkload, ServingWorkload)):
         workload = _trace(workload, source)
+    if isinstance(workload, ServingWorkload) and workload.engine_times.endswith(".json"):
+        workload = dataclasses.replace(workload, engine_times=_resolve(workload.engine_times,
+                                                                        source))
     _check_workload(source, manager, workload)
     return Scenario(
         name=doc.name, description=doc.description, question=doc.question, seed=doc.seed,
         executor=doc.executor,
         manager=manager, workload=workload, source_file=source.filename, hardware=hardware,
-        cpu_model=cpu_model, sim=doc.sim, hw=doc.hw, variants=_variants(doc, source),
+        cpu_model=cpu_model, sim=sim, hw=doc.hw, variants=_variants(doc, source),
         expect_failures=doc.expect_failures)

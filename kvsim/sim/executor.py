@@ -16,7 +16,10 @@ this module performs the pipeline's effects in simulated time:
 * **CPU**: ``cpu_model.seconds(plan.counts)``, plus the host cost of submitting the copies
   (unless the CPU preset already includes it);
 * **copies**: submitted to the manager's copy stream (:mod:`kvsim.sim.stream`); by default the
-  call returns without waiting for them (stream semantics, as KVCM2).
+  call returns without waiting for them (stream semantics, as KVCM2);
+* **GPU work** (:class:`~kvsim.runtime.steps.GpuWork`, a serving engine's forward pass): the
+  thread, without the GIL, waits for the copies it submitted since its last pass (all of them,
+  or layer by layer), then the pass's modelled seconds.
 
 With a Python manager (a CPU preset with ``holds_gil``) every bit of host work is Python and
 runs through :meth:`SimExecutor._python`: the thread keeps the GIL across calls and gives it up
@@ -33,13 +36,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
+from kvsim.hardware.disk import DiskSpec
 from kvsim.hardware.spec import HardwareSpec
 from kvsim.manager.manager import KVCacheManager
 from kvsim.model.copy_paths import PATHS
 from kvsim.model.cpu_cost import CpuCostModel
 from kvsim.runtime import pipeline
 from kvsim.runtime.records import Deadlock, GilStats, RunResult, StuckThread
-from kvsim.runtime.steps import Step
+from kvsim.runtime.steps import GpuTimes, Step
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
 from kvsim.sim.rwlock import LockHazardError, ReentrantSharedMutex
@@ -84,7 +88,9 @@ class SimOptions:
 
 class SimExecutor:
     def __init__(self, manager: KVCacheManager, hardware: HardwareSpec, cpu: CpuCostModel,
-                 options: SimOptions | None = None) -> None:
+                 options: SimOptions | None = None, disk: DiskSpec | None = None) -> None:
+        """``disk``: the drives of the disk level (level 2); None prices its copies as CPU-GPU
+        copies."""
         self.manager = manager
         self.hw = hardware
         self.cpu = cpu
@@ -97,11 +103,11 @@ class SimExecutor:
         self.lock = ReentrantSharedMutex(self.env, opt.lock_policy, recheck=cpu.holds_gil)
         self.gil = Gil(self.env, cpu.gil_switch_interval_us * 1e-6,
                        cpu.gil_handover if cpu.holds_gil else None, opt.gil_seed, MAIN_THREAD)
-        self.link = Link(self.env, hardware)
+        self.link = Link.of_hardware(self.env, hardware)
         path = hardware.default_path() if opt.copy_path == "auto" else opt.copy_path
         self.stream = CopyStream(self.env, "migration", self.link, hardware,
                                  {"offload": path, "onboard": path}, opt.kernel_ctas,
-                                 opt.kernel_inflight_bytes, opt.aligned)
+                                 opt.kernel_inflight_bytes, opt.aligned, disk)
         self.log = pipeline.CallLog(manager, lambda: self.env.now, self.lock, opt.wait_for_copies,
                                     opt.check_invariants, opt.check_lock_discipline,
                                     calls_never_overlap=True)
@@ -110,12 +116,14 @@ class SimExecutor:
         self._alive: set[str] = set()
         p = pipeline
         self._plain = {p.BindingWaits: self._do_binding_waits, p.Invoke: self._do_invoke,
-                       p.ReleaseLock: self._do_release, p.LeaveBinding: self._do_leave}
+                       p.ReleaseLock: self._do_release, p.LeaveBinding: self._do_leave,
+                       p.ReadClock: lambda e: self.env.now}
         self._timed = {p.Python: self._do_python, p.Nudge: self._do_nudge,
                        p.AcquireLock: self._do_acquire, p.Callbacks: self._do_callbacks,
                        p.SpendCpu: self._do_cpu, p.SubmitCopies: self._do_submit,
                        p.WaitCopies: self._do_wait_copies, p.SleepFor: self._do_sleep,
-                       p.SleepUntil: self._do_sleep_until}
+                       p.SleepUntil: self._do_sleep_until, p.Compute: self._do_compute}
+        self._last_copy: dict[str, simpy.Event] = {}  # thread -> its last copy batch's event
         self.deadlocks: list[Deadlock] = []
         # thread -> [Thread.start() called, the thread's first Python] (when starts are modelled)
         self.thread_starts: dict[str, list[float]] = {}
@@ -220,6 +228,14 @@ class SimExecutor:
         return seconds, self.cpu.terms_us(e.counts)
 
     def _do_submit(self, e: pipeline.SubmitCopies):
+        handles, submit_s = yield from self._submit(e)
+        # One FIFO stream: the thread's last batch on it lands after all its earlier ones.
+        on_stream = [h for b, h in zip(e.copies, handles) if not self.stream.off_stream(b)]
+        if on_stream:
+            self._last_copy[e.thread] = on_stream[-1]
+        return handles, submit_s
+
+    def _submit(self, e: pipeline.SubmitCopies):
         if self.cpu.includes_copy_submission:
             return [self.stream.submit(b, e.thread, e.api) for b in e.copies], 0.0
         # The batches are submitted one after another; each may start on the device once its own
@@ -236,6 +252,25 @@ class SimExecutor:
         elif submit_s:
             yield self._delay(submit_s)
         return handles, submit_s
+
+    def _do_compute(self, e: pipeline.Compute):
+        """The pass of :class:`~kvsim.runtime.steps.GpuWork`: its copies, then its seconds (or,
+        with ``layers``, overlapped with them layer by layer)."""
+        env, work = self.env, e.work
+        self.gil.release_fully(e.thread)  # the thread waits on the GPU, not in Python
+        start = env.now
+        last = self._last_copy.pop(e.thread, None)
+        if last is not None and not last.processed:
+            yield last
+        landed = env.now
+        if work.layers > 0:
+            end = max(landed + work.seconds / work.layers,
+                      start + (landed - start) / work.layers + work.seconds)
+        else:
+            end = landed + work.seconds
+        if end > env.now:
+            yield env.timeout(end - env.now)
+        return GpuTimes(start, landed, env.now)
 
     def _do_release(self, e: pipeline.ReleaseLock) -> None:
         self.lock.release(e.thread)

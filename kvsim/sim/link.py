@@ -1,5 +1,6 @@
-"""The CPU-GPU link in simulated time: two directions, fluid fair sharing, and the cost of
-running both at once (the arithmetic: :mod:`kvsim.model.link_share`).
+"""A link in simulated time: two directions, fluid fair sharing, and the cost of running both
+at once (the arithmetic: :mod:`kvsim.model.link_share`). The CPU-GPU link
+(:meth:`Link.of_hardware`), and a disk (reads onboard, writes offload).
 
 Rates change only when a transfer starts or finishes; between those instants every transfer moves
 bytes at a constant rate, so the model is exact for this fluid description and costs O(transfers)
@@ -34,15 +35,21 @@ class Transfer:
 
 
 class Link:
-    def __init__(self, env: simpy.Environment, hw: HardwareSpec) -> None:
+    def __init__(self, env: simpy.Environment, per_direction_gbps: dict[str, float],
+                 bidirectional_factor: float) -> None:
         self.env = env
-        self.solo_bps = {d: hw.link.per_direction_gbps[d] * GB for d in DIRECTIONS}
-        self.bidirectional_factor = hw.link.bidirectional_factor
+        self.solo_bps = {d: per_direction_gbps[d] * GB for d in DIRECTIONS}
+        self.bidirectional_factor = bidirectional_factor
         self.active: list[Transfer] = []
         self.stats = LinkStats()
         self._last = 0.0
         self._generation = 0
         self._next_id = 0
+
+    @classmethod
+    def of_hardware(cls, env: simpy.Environment, hw: HardwareSpec) -> Link:
+        """The hardware's CPU-GPU link."""
+        return cls(env, hw.link.per_direction_gbps, hw.link.bidirectional_factor)
 
     def transfer(self, num_bytes: int, direction: str, cap_gbps: float, tag: str = "",
                  cap_both_gbps: float | None = None) -> simpy.Event:

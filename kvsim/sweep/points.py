@@ -27,6 +27,7 @@ import random
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kvsim.sweep.spec import Part, Sweep, canonical_json, yaml_scalar
@@ -48,6 +49,21 @@ METRIC_COLUMNS: dict[str, str] = {
     "deadlocks": "int",                   # deadlocks, stuck threads and lock hazards
     "hit_rate": "float",                  # committed reuse: reused / (reused + missed) blocks
     "sim_events": "int",                  # SimPy events processed
+    # a serving workload (kvsim.serving): its summary's figures
+    "ttft_p50_ms": "float",               # time to first token
+    "ttft_p99_ms": "float",
+    "queue_p50_ms": "float",              # arrival to admission
+    "copy_wait_p50_ms": "float",          # a pass waiting for its copies (onboarding)
+    "gpu_busy_s": "float",                # modelled GPU compute of every pass
+    "prefill_s": "float",
+    "recomputed_tokens": "int",           # prefilled
+    "reused_tokens": "int",               # adopted from the cache (any tier)
+    "serving_hit_rate": "float",          # reused / (reused + recomputed)
+    "onboarded_host_pages": "int",        # reused pages brought up from the host tier
+    "onboarded_disk_pages": "int",
+    "onboarded_bytes": "int",             # host->gpu and disk->gpu
+    "failed_requests": "int",
+    "sim_end_s": "float",                 # simulated time at the end of the run
 }
 # The configuration each point actually ran (resolved from the parsed scenario, whatever the
 # parameter that set it), for the report's axes.
@@ -67,6 +83,8 @@ CONFIG_COLUMNS: dict[str, str] = {
     "cfg_tokens_per_block": "int",
     "cfg_gpu_tier_bytes": "int",
     "cfg_host_tier_bytes": "int",     # 0 without a host tier
+    "cfg_disk_tier_bytes": "int",     # 0 without a disk tier
+    "cfg_disk": "str",                # the disk level's drive (sim.disk) x drives
     "cfg_tier_bytes": "int",          # all tiers
 }
 
@@ -215,6 +233,9 @@ def _config(scenario, results: dict | None) -> dict[str, Any]:
         "cfg_tokens_per_block": scenario.manager.tokens_per_block,
         "cfg_gpu_tier_bytes": levels[0],
         "cfg_host_tier_bytes": levels[1] if len(levels) > 1 else 0,
+        "cfg_disk_tier_bytes": levels[2] if len(levels) > 2 else 0,
+        "cfg_disk": (None if scenario.sim.disk is None
+                     else f"{Path(scenario.sim.disk).stem} x{scenario.sim.disk_drives}"),
         "cfg_tier_bytes": sum(levels),
     }
     if scenario.hardware is not None:
@@ -252,6 +273,25 @@ def summarize(results: dict) -> dict[str, Any]:
         "deadlocks": len(results["deadlocks"]),
         "hit_rate": results["reuse"]["hit_rate"],
         "sim_events": (results.get("sim") or {}).get("events"),
+    } | _serving_columns(results)
+
+
+def _serving_columns(results: dict) -> dict[str, Any]:
+    s = results.get("workload_summary") or {}
+    if "ttft_p50_ms" not in s:
+        return {}
+    moved = s["moved_bytes"]
+    return {
+        "ttft_p50_ms": s["ttft_p50_ms"], "ttft_p99_ms": s["ttft_p99_ms"],
+        "queue_p50_ms": s["queue_p50_ms"], "copy_wait_p50_ms": s["copy_wait_p50_ms"],
+        "gpu_busy_s": s["gpu_busy_s"], "prefill_s": s["prefill_s"],
+        "recomputed_tokens": s["recomputed_tokens"], "reused_tokens": s["reused_tokens"],
+        "serving_hit_rate": s["hit_rate"],
+        "onboarded_host_pages": s["onboarded_pages"]["host"],
+        "onboarded_disk_pages": s["onboarded_pages"]["disk"],
+        "onboarded_bytes": moved.get("host->gpu", 0) + moved.get("disk->gpu", 0),
+        "failed_requests": s["failed"],
+        "sim_end_s": (results.get("sim") or {}).get("end_time_s"),
     }
 
 

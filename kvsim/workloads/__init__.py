@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kvsim.manager import KVCacheManager, ManagerConfig
 from kvsim.runtime.steps import Workload
+from kvsim.serving import engine as serving
 from kvsim.workloads import (
     burst_resize,
     concurrent_probe,
@@ -24,6 +25,7 @@ BUILDERS = {
     "seed_concurrency": seed_concurrency.workload,
     "mooncake": mooncake.workload,
     "op_trace": op_trace.workload,
+    "serving": serving.workload,
 }
 
 

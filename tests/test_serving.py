@@ -1,0 +1,262 @@
+"""The serving layer: engine times, GPU work with copies, the disk level, the engine's loop."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import simpy
+
+from kvsim.errors import ConfigError
+from kvsim.hardware.disk import DiskSpec, load_disk
+from kvsim.llm.architectures import LLAMA_3_8B, MISTRAL_7B
+from kvsim.llm.engine_time import attended_pairs, load_engine_times
+from kvsim.manager.plan import CopyBatch
+from kvsim.scenario.load import load_scenario_file
+from kvsim.scenario.run import execute
+from kvsim.scenario.source import ScenarioError
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "scenarios" / "traces" / "mooncake_sample.jsonl"
+TOY = Path(__file__).parent / "data" / "toy-hardware.json"
+
+# Round terms (ms) so that pass times can be computed by hand.
+TERMS = {"prefill_per_layer_ms": {"floor": 0.5, "a": 0.1, "b_per_token": 0.001, "d_per_pair": 1e-7,
+                                  "e_per_cached": 1e-5},
+         "decode_per_layer_ms": {"floor": 0.05, "a": 0.1, "b_per_sequence": 0.001,
+                                 "e_per_context_token": 1e-6},
+         "head_ms": {"h0": 0.2, "h1_per_token": 0.01}}
+
+
+def engine_file(tmp_path: Path, archs=("llama-3-8b",)) -> Path:
+    doc = {"schema": "kvsim-engine-times/1", "gpu": "test", "source": "test fixture",
+           "architectures": {a: TERMS for a in archs}}
+    path = tmp_path / "engine.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+@pytest.mark.parametrize("new,cached,window", [(1, 0, None), (7, 5, None), (100, 0, 64),
+                                               (100, 30, 64), (10, 200, 64), (64, 0, 64)])
+def test_attended_pairs_counts_each_new_tokens_keys(new, cached, window):
+    from kvsim.calibration.prefill_fit import pairs
+
+    assert attended_pairs(new, cached, window) == int(pairs(new, cached, window))
+
+
+def test_prefill_and_decode_times_follow_their_terms(tmp_path):
+    times = load_engine_times(str(engine_file(tmp_path)), LLAMA_3_8B)
+    # 1000 new after 0 cached: 0.1 + 1.0 + 1e-7 * 500500 = 1.15005 ms/layer, x 32, + head(1)
+    assert times.prefill_seconds(1000, 0) == pytest.approx((32 * 1.15005 + 0.21) * 1e-3)
+    assert times.prefill_seconds(10, 0) == pytest.approx((32 * 0.5 + 0.21) * 1e-3)  # the floor
+    assert times.prefill_seconds(0, 500) == 0.0
+    # decode of two sequences of 1000 and 3000 tokens: 0.1 + 0.002 + 0.004 per layer, head(2)
+    assert times.decode_seconds([1000, 3000]) == pytest.approx((32 * 0.106 + 0.22) * 1e-3)
+    assert times.decode_seconds([]) == 0.0
+
+
+def test_a_sliding_window_caps_what_decode_reads(tmp_path):
+    times = load_engine_times(str(engine_file(tmp_path, ("mistral-7b-v0.1",))), MISTRAL_7B)
+    assert times.decode_seconds([100_000]) == times.decode_seconds([MISTRAL_7B.sliding_window])
+
+
+def test_engine_times_errors_name_what_is_missing(tmp_path):
+    path = engine_file(tmp_path)
+    with pytest.raises(ConfigError, match="no terms for architecture 'mistral-7b-v0.1'"):
+        load_engine_times(str(path), MISTRAL_7B)
+    doc = json.loads(path.read_text())
+    del doc["architectures"]["llama-3-8b"]["decode_per_layer_ms"]["floor"]
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="decode_per_layer_ms lacks floor"):
+        load_engine_times(str(path), LLAMA_3_8B)
+    with pytest.raises(ConfigError, match="no file"):
+        load_engine_times("no-such-gpu", LLAMA_3_8B)
+
+
+# -- GPU work and its copies, in the simulator ------------------------------------------------------
+def run_gpu_work(layers: int, compute_s: float, copy_bytes: int):
+    """One thread submits a host-to-GPU batch of ``copy_bytes`` through a call, then a pass."""
+    from kvsim.hardware import load_hardware
+    from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig, Outcome, Plan
+    from kvsim.model.cpu_cost import load_cpu_model
+    from kvsim.runtime.apis import Api
+    from kvsim.runtime.steps import Call, GpuWork
+    from kvsim.sim.executor import SimExecutor, SimOptions
+
+    config = ManagerConfig((LayerConfig((1 << 20,)),), (LevelConfig("gpu", 64 << 20),
+                                                          LevelConfig("host", 64 << 20)))
+    manager = KVCacheManager(config)
+    pages = copy_bytes >> 20
+    import numpy as np
+
+    def invoke() -> Outcome:
+        plan = Plan("KVCacheManager.probe_reuse")
+        plan.copies.append(CopyBatch(1, 0, 0, np.arange(pages), np.arange(pages), (1 << 20,)))
+        return Outcome(0, plan)
+
+    times = {}
+
+    def thread():
+        yield Call("t", Api.PROBE_REUSE, {}, invoke)
+        times["t"] = yield GpuWork(compute_s, layers)
+
+    ex = SimExecutor(manager, load_hardware(TOY), load_cpu_model("kvcm2-cpp"),
+                     SimOptions(copy_path="ce-batch"))
+    ex.run({"t": thread()})
+    return times["t"], ex.stream.records[0]
+
+
+def test_gpu_work_waits_for_the_threads_copies_then_computes():
+    t, copy = run_gpu_work(0, 0.010, 64 << 20)
+    assert t.copies_landed == pytest.approx(copy.finished)
+    assert t.end == pytest.approx(copy.finished + 0.010)
+
+
+def test_gpu_work_overlapped_layer_by_layer_ends_by_the_formula():
+    t, copy = run_gpu_work(4, 0.010, 64 << 20)
+    landed = copy.finished
+    want = max(landed + 0.010 / 4, t.start + (landed - t.start) / 4 + 0.010)
+    assert t.end == pytest.approx(want)
+    serial, _ = run_gpu_work(0, 0.010, 64 << 20)
+    assert t.end < serial.end
+
+
+# -- the disk level ---------------------------------------------------------------------------------
+def disk_copy_time(src: int, dst: int, nbytes: int, disk: DiskSpec) -> float:
+    import numpy as np
+
+    from kvsim.hardware import load_hardware
+    from kvsim.sim.link import Link
+    from kvsim.sim.stream import CopyStream
+
+    toy = load_hardware(TOY)
+    env = simpy.Environment()
+    stream = CopyStream(env, "s", Link.of_hardware(env, toy), toy,
+                        {"offload": "ce-batch", "onboard": "ce-batch"}, None, None, True, disk)
+    pages = nbytes >> 20
+    done = stream.submit(CopyBatch(src, dst, 0, np.arange(pages), np.arange(pages), (1 << 20,)),
+                         "t", "api")
+    env.run(done)
+    return env.now
+
+
+def test_a_disk_read_to_the_gpu_takes_latency_plus_bytes_at_the_disks_rate():
+    disk = DiskSpec("d", read_gbps=10.0, write_gbps=5.0, read_latency_us=100.0,
+                    write_latency_us=20.0, drives=2)
+    nbytes = 1 << 30
+    # 2 drives x 10 GB/s = 20 GB/s, under the toy link's 100 GB/s
+    assert disk_copy_time(2, 0, nbytes, disk) == pytest.approx(100e-6 + nbytes / 20e9)
+    assert disk_copy_time(1, 2, nbytes, disk) == pytest.approx(20e-6 + nbytes / 10e9)
+
+
+def test_shipped_disks_load_with_sources_and_bad_ones_are_refused(tmp_path):
+    for name in ("micron-7450-gen4", "micron-9550-gen5"):
+        disk = load_disk(name, 8)
+        assert disk.per_direction_gbps["onboard"] == pytest.approx(8 * disk.read_gbps)
+        doc = json.loads((ROOT / "kvsim" / "hardware" / "disks" / f"{name}.json").read_text())
+        assert set(doc["sources"]) == {"read_gbps", "write_gbps", "read_latency_us",
+                                       "write_latency_us"}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"read_gbps": 0, "write_gbps": 1, "read_latency_us": 1,
+                               "write_latency_us": -1}))
+    with pytest.raises(ConfigError, match="read_gbps, write_latency_us"):
+        load_disk(str(bad))
+    with pytest.raises(ConfigError, match="unknown disk"):
+        load_disk("floppy")
+
+
+# -- the engine --------------------------------------------------------------------------------------
+SCENARIO = """\
+name: serving_test
+executor: sim
+hardware: h200-sxm
+cpu_model: kvcm2-cpp
+{sim}
+expect_failures: [KvCache.resume, KvCache.resize]
+manager:
+  tokens_per_block: 32
+  layers:
+    - slot_bytes: [{half}, {half}]
+  levels:
+{levels}
+workload:
+  kind: serving
+  trace: {trace}
+  architecture: llama-3-8b
+  engine_times: {engine}
+  {extra}
+"""
+HALF = LLAMA_3_8B.kv_bytes_per_token * 32 // 2
+
+
+def serving(tmp_path, levels="    - {name: gpu, quota_bytes: 2 GiB}\n"
+            "    - {name: host, quota_bytes: 4 GiB}", half=HALF, sim="", extra="", name="s.yaml"):
+    path = tmp_path / name
+    path.write_text(SCENARIO.format(trace=TRACE, engine=engine_file(tmp_path), levels=levels,
+                                    half=half, sim=sim, extra=extra))
+    return load_scenario_file(path)
+
+
+def test_every_request_gets_its_first_token_after_its_prefill(tmp_path):
+    sf = serving(tmp_path)
+    results = execute(sf.base)
+    s = results["workload_summary"]
+    assert s["requests"] == 16 and s["finished"] == 16 and s["failed"] == 0
+    assert not results["violations"]
+    times = load_engine_times(str(engine_file(tmp_path)), LLAMA_3_8B)
+    for row in s["per_request"]:
+        prefill_ms = times.prefill_seconds(row["new_tokens"], row["cached_tokens"]) * 1e3
+        assert row["ttft_ms"] >= prefill_ms + row["queue_ms"] - 1e-6
+        assert row["new_tokens"] + row["cached_tokens"] == row["input_tokens"]
+    # the sample's requests share prefixes: some are reused, the rest recomputed
+    assert 0 < s["reused_tokens"] < s["reused_tokens"] + s["recomputed_tokens"]
+    assert s["gpu_busy_s"] == pytest.approx(s["prefill_s"] + s["decode_s"])
+
+
+def test_a_small_gpu_tier_onboards_from_the_host_and_a_full_one_queues(tmp_path):
+    small = execute(serving(tmp_path, levels="    - {name: gpu, quota_bytes: 400 MiB}\n"
+                            "    - {name: host, quota_bytes: 4 GiB}").base)["workload_summary"]
+    assert small["onboarded_pages"]["host"] > 0
+    assert small["moved_bytes"]["host->gpu"] > 0 and small["moved_bytes"]["gpu->host"] > 0
+    assert small["admission_retries"] > 0  # requests waited for GPU room
+
+
+def test_serving_results_are_deterministic(tmp_path):
+    from kvsim.scenario.results import public
+
+    a = public(execute(serving(tmp_path).base))
+    b = public(execute(serving(tmp_path, name="t.yaml").base))
+    a.pop("scenario_file", None), b.pop("scenario_file", None)
+    assert json.dumps(a["workload_summary"], sort_keys=True) == \
+        json.dumps(b["workload_summary"], sort_keys=True)
+
+
+def test_a_disk_tier_is_simulated_in_time(tmp_path):
+    levels = ("    - {name: gpu, quota_bytes: 400 MiB}\n    - {name: host, quota_bytes: 400 MiB}\n"
+              "    - {name: disk, quota_bytes: 8 GiB}")
+    results = execute(serving(tmp_path, levels=levels, sim="sim: {disk: micron-7450-gen4}").base)
+    disk = [c for c in results["copies"] if c["path"] == "disk"]
+    assert disk and all(c["seconds"] >= 15e-6 for c in disk)  # at least the write latency
+    assert results["disk"]["name"] == "micron-7450-gen4"
+
+
+def test_a_layout_that_is_not_the_architectures_is_refused_naming_the_field(tmp_path):
+    with pytest.raises(ScenarioError, match=r"manager\.layers.*llama-3-8b.*bytes per block"):
+        serving(tmp_path, half=8192)
+
+
+def test_an_unknown_disk_or_a_disk_without_a_disk_level_is_refused(tmp_path):
+    with pytest.raises(ScenarioError, match=r"sim\.disk.*unknown disk 'floppy'"):
+        serving(tmp_path, sim="sim: {disk: floppy}")
+    with pytest.raises(ScenarioError, match=r"sim\.disk.*2 levels"):
+        serving(tmp_path, sim="sim: {disk: micron-7450-gen4}")
+
+
+def test_an_unknown_architecture_is_refused_naming_the_field(tmp_path):
+    path = tmp_path / "a.yaml"
+    path.write_text(SCENARIO.format(trace=TRACE, engine=engine_file(tmp_path), half=HALF, sim="",
+                                    extra="", levels="    - {name: gpu, quota_bytes: 2 GiB}")
+                    .replace("llama-3-8b", "gpt-5"))
+    with pytest.raises(ScenarioError, match=r"workload\.architecture"):
+        load_scenario_file(path)

@@ -32,7 +32,8 @@ median / ``layers``. What is checked: every output has its expected shape and is
 architecture, the engine attention equals an explicit masked reference (``hw.bench_prefill``'s
 boolean mask, KV heads repeated) on one small point, to bf16 tolerance. Which kernels ran: the
 PyTorch profiler's operator and CUDA kernel names of one prefill and one decode forward per
-architecture, recorded with a one-word summary (flash, efficient, flex, flex-unfused, math, cpu).
+architecture, recorded with a one-word summary (cudnn, flash, efficient, flex, flex-unfused,
+math, cpu).
 
 Memory rule (fixed before measuring): a decode point is dropped, and listed, when its K/V
 buffers (2 x layers x batch x S x KV heads x head size x 2 bytes) exceed
@@ -40,6 +41,7 @@ buffers (2 x layers x batch x S x KV heads x head size x 2 bytes) exceed
 
     python3 -m hw.bench_engine --out DIR [--layers 2] [--warmup 5] [--samples 10] [--archs NAME,...]
     python3 -m hw.bench_engine --out DIR --device cpu --tiny   # a smoke test without a GPU
+                                                               # (hw.bench_engine.tiny: its shapes)
 
 Writes ``DIR/<YYYY-MM-DD>-engine.json``. The grids are fixed here (:data:`GRID_NEW`,
 :data:`GRID_CACHED`, :data:`GRID_BATCH`, :data:`GRID_CONTEXT`, :data:`GRID_HEAD_TOKENS`), the
@@ -55,11 +57,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 from hw.bench_copy import write_doc
-from hw.bench_prefill import GRID_CACHED, GRID_NEW, TINY_CACHED, TINY_NEW, _layer, _mask, _rmsnorm
+from hw.bench_prefill import GRID_CACHED, GRID_NEW, _layer, _mask, _rmsnorm
 from kvsim.llm.architectures import ARCHITECTURES, Architecture
 
 SCHEMA = "kvsim-engine-bench/1"
@@ -70,7 +73,12 @@ SCHEMA = "kvsim-engine-bench/1"
 GRID_BATCH = (1, 4, 16, 64, 256)
 GRID_CONTEXT = (512, 2048, 8192, 32768)
 GRID_HEAD_TOKENS = (1, 8, 32, 128, 256)
-TINY_BATCH = (1, 2, 4)  # tiny grids: large enough for every fit to have its terms' points
+# Tiny grids: 3 x 3, enough points for every fit's terms; prefill token counts multiples of
+# 128, flex_attention's block size (its compile failed on the H200 for a 64-query, 4160-key
+# point in call 3's smoke run).
+TINY_NEW = (128, 256, 384)
+TINY_CACHED = (0, 128, 256)
+TINY_BATCH = (1, 2, 4)
 TINY_CONTEXT = (16, 32, 64)
 TINY_HEAD_TOKENS = (1, 4, 8)
 # Decode K/V buffers above this are not allocated: 40 GiB, under a third of the H200's 141 GB
@@ -88,11 +96,17 @@ def decode_kv_slots(context: int, window: int | None) -> int:
     return context + 1 if window is None else min(context + 1, window)
 
 
-def decode_kv_bytes(arch: Architecture, batch: int, context: int, layers: int,
-                    scale: int = 1) -> int:
+def decode_kv_bytes(arch: Architecture, batch: int, context: int, layers: int) -> int:
     """Bytes of a decode point's K/V buffers, all ``layers`` (bf16: 2 bytes)."""
     return (2 * layers * batch * decode_kv_slots(context, arch.sliding_window)
-            * arch.kv_heads_per_gpu * (arch.head_dim // scale) * 2)
+            * arch.kv_heads_per_gpu * arch.head_dim * 2)
+
+
+def tiny(arch: Architecture, scale: int = 16) -> Architecture:
+    """The smoke test's shape: hidden, MLP and vocab widths / ``scale``; heads, KV heads and head
+    size kept (the attention kernels' own shapes: flash and flex need head size >= 16)."""
+    return replace(arch, hidden=arch.hidden // scale, ffn=arch.ffn // scale,
+                   vocab=arch.vocab // scale)
 
 
 def _backend(names: list[str], flex: bool) -> str:
@@ -100,6 +114,8 @@ def _backend(names: list[str], flex: bool) -> str:
     low = " ".join(names).lower()
     if "for_cpu" in low:
         return "cpu"
+    if "cudnn" in low:
+        return "cudnn"
     if "flash" in low:
         return "flash"
     if "efficient" in low or "fmha" in low or "cutlass" in low:
@@ -119,9 +135,9 @@ def _profile(torch: Any, fn: Callable[[], Any], cuda: bool) -> dict:
             fn()
             if cuda:
                 torch.cuda.synchronize()
-        names = sorted({e.key for e in prof.key_averages()
-                        if any(k in e.key.lower() for k in PROFILE_KEYWORDS)})
-        return {"names": names}
+        every = sorted({e.key for e in prof.key_averages()})
+        names = [n for n in every if any(k in n.lower() for k in PROFILE_KEYWORDS)]
+        return {"names": names, "all_names": every}
     except Exception as e:  # noqa: BLE001 - the profiler is evidence, not the measurement
         return {"names": [], "error": f"{type(e).__name__}: {e}"}
 
@@ -249,12 +265,12 @@ class Engine:
     """One architecture's random-weight layers and LM head on ``device``."""
 
     def __init__(self, torch: Any, arch: Architecture, n_layers: int, device: str, dtype: Any,
-                 scale: int, window_kernel: str) -> None:
-        self.torch, self.arch, self.device, self.dtype, self.scale = torch, arch, device, dtype, scale
+                 window_kernel: str) -> None:
+        self.torch, self.arch, self.device, self.dtype = torch, arch, device, dtype
         self.cuda = device.startswith("cuda")
-        self.layers = [_layer(torch, arch, device, dtype, scale) for _ in range(n_layers)]
-        self.hidden = arch.hidden // scale
-        self.vocab = arch.vocab // arch.tensor_parallel // scale
+        self.layers = [_layer(torch, arch, device, dtype) for _ in range(n_layers)]
+        self.hidden = arch.hidden
+        self.vocab = arch.vocab // arch.tensor_parallel
         g = torch.Generator(device=device).manual_seed(1)
         self.head_w = (_randn(torch, g, (self.hidden, self.vocab), device, dtype) * 0.02).to(dtype)
         window = arch.sliding_window
@@ -315,7 +331,7 @@ class Engine:
         mask binds (after the window for a windowed architecture)."""
         torch, lw, F = self.torch, self.layers[0], self.torch.nn.functional
         window = self.arch.sliding_window
-        new, cached = 64, (window if window is not None else 256)
+        new, cached = 128, (window if window is not None else 256)  # multiples of 128: flex's block
         g = torch.Generator(device=self.device).manual_seed(3)
         q = _randn(torch, g, (1, lw["nh"], new, lw["hd"]), self.device, self.dtype)
         k = _randn(torch, g, (1, lw["nkv"], cached + new, lw["hd"]), self.device, self.dtype)
@@ -356,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="prefill of a sliding-window architecture: compiled flex_attention, or none")
     ap.add_argument("--no-graph", action="store_true", help="decode and head eager, not graph-replayed")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--tiny", action="store_true", help="smoke test: widths / 16, small grids")
+    ap.add_argument("--tiny", action="store_true",
+                    help="smoke test: hidden, MLP and vocab widths / 16, small grids")
     ap.add_argument("--budget-s", type=float, default=400.0)
     args = ap.parse_args(argv)
     import torch
@@ -413,9 +430,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{label:50}: {shown:9.4f} ms{'/layer' if layers else ''} [{how[:10]}]"
               f"{'' if ok else '  CHECK FAILED'}", flush=True)
 
+    run_archs = {n: tiny(ARCHITECTURES[n], scale) if args.tiny else ARCHITECTURES[n] for n in names}
     for name in names:
-        arch = ARCHITECTURES[name]
-        eng = Engine(torch, arch, args.layers, args.device, dtype, scale, args.window_kernel)
+        arch = run_archs[name]
+        eng = Engine(torch, arch, args.layers, args.device, dtype, args.window_kernel)
         nl = len(eng.layers)
         backends[name] = {}
         if "prefill" in modes and eng.prefill_kernel is None:
@@ -440,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         if "decode" in modes:
             for context in grids["context"]:
                 for batch in grids["batch"]:
-                    need = decode_kv_bytes(arch, batch, context, nl, scale)
+                    need = decode_kv_bytes(arch, batch, context, nl)
                     label = f"{name} decode batch={batch} context={context}"
                     if need > DECODE_KV_BUDGET_BYTES:
                         dropped.append({"arch": name, "batch": batch, "context": context,
@@ -475,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"schema": SCHEMA, "command": "python3 -m hw.bench_engine " + " ".join(argv or sys.argv[1:]),
            "method": (__doc__ or "").split("\n\n", 1)[1].split("\n\n    python3")[0],
            "provenance": prov, "tiny_scale": scale,
-           "architectures": {n: ARCHITECTURES[n].__dict__ for n in names},
+           "architectures": {n: run_archs[n].__dict__ for n in names},
            "grid": {k: list(v) for k, v in grids.items()},
            "config": {"layers": args.layers, "warmup": args.warmup, "samples": args.samples,
                       "dtype": str(dtype), "modes": modes, "window_kernel": args.window_kernel,

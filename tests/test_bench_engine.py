@@ -156,6 +156,8 @@ def _assert_complete(doc: dict) -> None:
         assert doc["attention_check"][name]["ok"], doc["attention_check"][name]
         assert set(doc["backend"][name]) == {"prefill", "decode"}
     assert all(len(r["samples_ms"]) == 2 and r["median_ms"] > 0 for r in recs)
+    assert doc["architectures"]["llama-3-8b"]["head_dim"] == 128  # tiny keeps the head size
+    assert doc["architectures"]["llama-3-8b"]["hidden"] == 4096 // 16
     # the fit runs on the smoke output and names every architecture
     assert set(engine_fit.fit(doc)["architectures"]) == set(ARCHITECTURES)
 
@@ -179,5 +181,5 @@ def test_tiny_engine_run_on_the_gpu(tmp_path):
     assert doc["provenance"]["nvml"]["driver_version"]  # raw data names its driver
     assert {r["run"] for r in doc["records"] if r["mode"] != "prefill"} == {"cuda-graph"}
     for name in ("llama-3-8b", "llama-3-70b-tp8"):
-        assert doc["backend"][name]["prefill"]["backend"] in ("flash", "efficient")
+        assert doc["backend"][name]["prefill"]["backend"] in ("flash", "efficient", "cudnn")
     assert doc["backend"]["mistral-7b-v0.1"]["prefill"]["backend"] == "flex"

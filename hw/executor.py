@@ -88,10 +88,13 @@ def _nothing(effect: object) -> None:
 
 class HwExecutor:
     def __init__(self, manager: KVCacheManager, copier=None, options: HwOptions | None = None,
-                 recorder=None, record_offset_s: float = 0.0) -> None:
+                 recorder=None, record_offset_s: float = 0.0, forward=None) -> None:
         """``recorder``: an :class:`kvsim.traces.op_trace.OpTraceWriter` receiving every call
         run (times shifted by ``record_offset_s``); calls the format cannot express are counted
-        in ``unrecorded``."""
+        in ``unrecorded``. ``forward``: what runs a :class:`~kvsim.runtime.steps.GpuWork` for
+        real (``forward.run(work)``, e.g. :class:`hw.serving_forward.TorchForward`); None
+        waits its modelled seconds."""
+        self.forward = forward
         self.manager = manager
         self.recorder = recorder
         self.record_offset_s = record_offset_s
@@ -159,12 +162,13 @@ class HwExecutor:
 
     def _do_compute(self, e: pipeline.Compute) -> GpuTimes:
         """A forward pass: wait for every copy submitted so far (the copier's streams), then
-        run the pass (``work.run``) or, without one, wait its modelled seconds. No overlap."""
+        run the pass on the executor's ``forward`` (real kernels) or, without one, wait its
+        modelled seconds. No overlap."""
         start = self.now()
         self.copier.wait([])
         landed = self.now()
-        if e.work.run is not None:
-            e.work.run()
+        if self.forward is not None:
+            self.forward.run(e.work)
         elif e.work.seconds > 0:
             time.sleep(e.work.seconds)
         return GpuTimes(start, landed, self.now())

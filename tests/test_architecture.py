@@ -23,6 +23,7 @@ FLOORS: list[set[str]] = [
     {"model"},             # formulas: copy paths and selection, CPU cost, link sharing
     {"traces"},            # trace file formats
     {"runtime"},           # what both executors share: API table, pipeline, records, metrics
+    {"serving"},           # the serving engine over the manager (a workload's engine)
     {"workloads", "replay"},
     {"sim", "hw"},         # the two executors: SimPy, and CUDA/NVML/real threads
     {"scenario"},

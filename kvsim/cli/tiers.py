@@ -1,5 +1,5 @@
 """``kvsim tiers``: sweep host and disk KV-tier sizes (and links) for a serving scenario, and
-report what they buy in hit rate, TTFT and GPU time (:mod:`kvsim.serving.tiers`)."""
+report what they buy in hit rate, TTFT and GPU time (:mod:`kvsim.sweep.tiers`)."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         from kvsim.output_dir import open_output_dir
-        from kvsim.serving.tiers import median_prompt_tokens, plan_of, tier_sweep, write_tier_report
         from kvsim.sweep.runner import run_sweep
+        from kvsim.sweep.tiers import median_prompt_tokens, plan_of, tier_sweep, write_tier_report
 
         name = plan_of(args.scenario).name
         out = open_output_dir(Path(args.out) if args.out else Path("reports") / "tiers" / name,

@@ -57,13 +57,15 @@ class GpuWork:
     ``seconds`` is the pass's modelled GPU time. ``layers`` 0: the pass starts when the copies
     have landed. ``layers`` L > 0: it overlaps them layer by layer (layer i runs once its 1/L
     of the copies has landed), ending at ``max(landed + seconds / L, start + (landed - start)
-    / L + seconds)``. ``run``, if given, is what a hardware executor runs instead of waiting
-    ``seconds`` (a real forward pass; it runs after the copies, without overlap). The step's
-    value (``times = yield GpuWork(...)``) is a :class:`GpuTimes`."""
+    / L + seconds)``. ``prefills`` (``(new, cached)`` per sequence) and ``decode`` (the context
+    of each sequence of the decode step) describe the pass, for a hardware executor that runs
+    it for real (after the copies, without overlap). The step's value (``times = yield
+    GpuWork(...)``) is a :class:`GpuTimes`."""
 
     seconds: float
     layers: int = 0
-    run: Callable[[], None] | None = None
+    prefills: tuple[tuple[int, int], ...] = ()
+    decode: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

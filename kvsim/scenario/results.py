@@ -121,7 +121,10 @@ def resolved_config(scenario: Scenario) -> dict:
     out = {"manager": _plain(scenario.manager), "workload": _plain(scenario.workload),
            "cpu_model": scenario.cpu_model}
     if scenario.executor != "plan":
-        out |= {"hardware": scenario.hardware, "sim": _plain(scenario.sim)}
+        sim = _plain(scenario.sim)
+        if scenario.sim.disk is None:  # no disk level in time: as before disks existed
+            del sim["disk"], sim["disk_drives"]
+        out |= {"hardware": scenario.hardware, "sim": sim}
     if scenario.executor == "hw":
         out["hw"] = _plain(scenario.hw)
     return out

@@ -255,7 +255,9 @@ class _Engine:
                           for r in admitted)
             decode = times.decode_seconds([r.context for r in running])
             layers = times.architecture.layers if spec.overlap_onboarding else 0
-            t = yield GpuWork(prefill + decode, layers)
+            t = yield GpuWork(prefill + decode, layers,
+                              tuple((r.rec.new_tokens, r.rec.cached_tokens) for r in admitted),
+                              tuple(r.context for r in running))
             stats.passes += 1
             stats.gpu_busy_s += prefill + decode
             stats.prefill_s += prefill

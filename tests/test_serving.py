@@ -260,3 +260,29 @@ def test_an_unknown_architecture_is_refused_naming_the_field(tmp_path):
                     .replace("llama-3-8b", "gpt-5"))
     with pytest.raises(ScenarioError, match=r"workload\.architecture"):
         load_scenario_file(path)
+
+
+def test_the_hardware_executor_runs_the_engine_on_real_threads(tmp_path):
+    """hw executor, no copier, passes slept (hw.forward model): the same engine, a real clock."""
+    sf = serving(tmp_path, extra="max_requests: 3\n  time_scale: 0.01")
+    from dataclasses import replace
+
+    hw_sc = replace(sf.base, executor="hw", hw=replace(sf.base.hw, copier="none"))
+    results = execute(hw_sc)
+    s = results["workload_summary"]
+    assert s["requests"] == 3 and s["finished"] == 3
+    times = load_engine_times(str(engine_file(tmp_path)), LLAMA_3_8B)
+    for row in s["per_request"]:
+        assert row["ttft_ms"] >= times.prefill_seconds(row["new_tokens"], row["cached_tokens"]) * 1e3
+
+
+def test_a_slice_of_the_trace_counts_arrivals_from_its_first_request(tmp_path):
+    from kvsim.serving.engine import load_requests
+
+    sf = serving(tmp_path, extra="first_request: 4\n  max_requests: 3\n  layers: 8",
+                 half=HALF // 4)
+    reqs = load_requests(sf.base.workload)
+    assert [r.index for r in reqs] == [4, 5, 6] and reqs[0].arrival_s == 0.0
+    assert reqs[1].arrival_s == pytest.approx(0.25)  # the sample's requests are 250 ms apart
+    s = execute(sf.base)["workload_summary"]
+    assert [r["request"] for r in s["per_request"]] == [4, 5, 6]

@@ -84,6 +84,25 @@ def run_hw(scenario: Scenario) -> dict:
     return _run_hw_once(scenario)
 
 
+def _torch_forward(scenario: Scenario):
+    """Real prefills for a serving workload (hw.forward: torch), warmed up."""
+    from hw.serving_forward import TorchForward
+    from kvsim.errors import ConfigError
+    from kvsim.llm.engine_time import load_engine_times
+    from kvsim.serving.engine import load_requests, serving_architecture
+
+    w = scenario.workload
+    if w.kind != "serving":
+        raise ConfigError(f"hw.forward torch runs a serving workload's passes; this workload is "
+                          f"{w.kind}")
+    arch = serving_architecture(w)
+    longest = max(r.input_length for r in load_requests(w))
+    forward = TorchForward(arch, load_engine_times(w.engine_times, arch),
+                           f"cuda:{scenario.hw.device}", longest)
+    forward.warm_up()
+    return forward
+
+
 def _run_hw_once(scenario: Scenario) -> dict:
     from hw.executor import HwExecutor, HwOptions, NullCopier
     from kvsim.hardware import load_hardware
@@ -123,7 +142,9 @@ def _run_hw_once(scenario: Scenario) -> dict:
     options = HwOptions(lock_policy=s.lock_policy, wait_for_copies=s.wait_for_copies,
                         check_invariants_per_call=h.verify and s.check_invariants,
                         check_lock_discipline=h.verify and s.check_lock_discipline)
-    executor = HwExecutor(manager, copier, options, recorder=recorder, record_offset_s=1.0)
+    forward = _torch_forward(scenario) if h.forward == "torch" else None
+    executor = HwExecutor(manager, copier, options, recorder=recorder, record_offset_s=1.0,
+                          forward=forward)
     try:
         run = executor.run(workload.make_threads(), warm_gpu_ms=h.warm_gpu_ms)
         if recorder is not None:
@@ -140,6 +161,7 @@ def _run_hw_once(scenario: Scenario) -> dict:
                "recorded_trace": h.record_trace,
                "warmup_runs": h.warmup_runs, "warm_gpu_ms": h.warm_gpu_ms,
                "sm_clock_mhz_at_start": getattr(copier, "sm_clock_mhz_at_start", None),
-               "unrecorded_calls": unrecorded},
+               "unrecorded_calls": unrecorded,
+               **({"forward": forward.summary()} if forward is not None else {})},
         "setup_failures": setup_failed,
     }

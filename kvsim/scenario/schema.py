@@ -84,7 +84,7 @@ Schema (``*`` = required)::
       # serving (an engine over a Mooncake trace: queue, batching, onboarding, TTFT; see
       # kvsim/serving/engine.py):
       trace*: path, architecture*: llama-3-8b | llama-3-70b-tp8 | mistral-7b-v0.1
-      engine_times, max_requests, time_scale, max_batch_tokens, max_running,
+      engine_times, layers, first_request, max_requests, time_scale, max_batch_tokens, max_running,
       decode_commit_tokens, overlap_onboarding, skip_bad_lines
     hw:                             # hw executor options (lock policy, copy path, waits and
                                     # checks come from `sim:`)
@@ -96,6 +96,8 @@ Schema (``*`` = required)::
                                     # the measured run is a warm process (default 0: a cold one)
       warm_gpu_ms: float >= 0       # spin every SM this long right before the measured threads
                                     # start, so the GPU is out of its idle clocks (default 0)
+      forward: model | torch        # a serving engine's passes: model (sleep their modelled
+                                    # time) or torch (real random-weight prefills, PyTorch)
     expect_failures: [API, ...]     # APIs whose failed calls the scenario expects; any other
                                     # failed call makes `kvsim run` say so and exit 1
     variants:                       # optional: named runs of this scenario with overrides
@@ -258,6 +260,7 @@ class HwSettings:
     record_trace: Str | None = None  # write the calls run as a JSONL op trace
     warmup_runs: IntRange(0, 100) = 0  # whole runs done first and discarded (a warm process)
     warm_gpu_ms: FloatRange(0.0, 60_000.0) = 0.0  # spin the GPU before the threads start
+    forward: OneOf("model", "torch") = "model"  # a serving engine's passes: slept, or real
 
 
 @schema
@@ -434,11 +437,10 @@ def _check_workload(source: Source, config: ManagerConfig, workload: Any) -> Non
 
 def _check_serving(source: Source, config: ManagerConfig, workload: ServingWorkload) -> None:
     """The manager holds the architecture's KV cache; the engine times exist for it."""
-    from kvsim.llm.architectures import architecture
     from kvsim.llm.engine_time import load_engine_times
-    from kvsim.serving.engine import check_layout
+    from kvsim.serving.engine import check_layout, serving_architecture
 
-    arch = architecture(workload.architecture)
+    arch = serving_architecture(workload)
     try:
         check_layout(config, arch)
     except ConfigError as e:

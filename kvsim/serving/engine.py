@@ -27,6 +27,11 @@ One thread, ``engine``, runs the scheduler loop of a continuous-batching engine:
    cached for later requests);
 5. with nothing waiting or running, the engine sleeps until the next arrival.
 
+Arrival times count from the first replayed request (``first_request``, 0 by default), times
+``time_scale``. ``layers`` runs fewer of the architecture's layers (its KV bytes and pass times
+scale with them: the engine times are per layer), for a hardware run that must keep up with the
+trace on one GPU.
+
 The manager must hold the architecture's KV cache: bytes per block (all layers' slots) equal to
 ``kv_bytes_per_token x tokens_per_block``, sliding-window layers where the architecture has
 them (:func:`check_layout`).
@@ -34,6 +39,7 @@ them (:func:`check_layout`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,7 +50,7 @@ from kvsim.errors import ConfigError
 from kvsim.llm.architectures import ARCHITECTURES, Architecture, architecture
 from kvsim.llm.engine_time import EngineTimes, load_engine_times
 from kvsim.manager import KVCacheManager, ManagerConfig, Outcome
-from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
+from kvsim.manager.limits import MAX_LAYERS, MAX_SEQUENCE_TOKENS
 from kvsim.runtime.apis import Api
 from kvsim.runtime.steps import Call, GpuWork, Now, Step, Until, Workload
 from kvsim.serving.stats import RequestRecord, ServingStats
@@ -60,7 +66,9 @@ class ServingWorkload:
     trace: Str  # path of the Mooncake JSONL trace
     architecture: OneOf(*ARCHITECTURES)  # kvsim.llm.architectures (KV bytes, layers, window)
     engine_times: Str = "h200-sxm"  # kvsim/llm/engines/<name>.json, or a JSON file's path
-    max_requests: IntRange(1) | None = None  # the first N requests only
+    layers: IntRange(1, MAX_LAYERS) | None = None  # fewer of the architecture's layers
+    first_request: IntRange(0) = 0  # start the replay at this request (a slice of the trace)
+    max_requests: IntRange(1) | None = None  # N requests only
     time_scale: FloatRange(0.0, 1e9) = 1.0  # arrival times are multiplied by this (2: half rate)
     max_batch_tokens: IntRange(1, MAX_SEQUENCE_TOKENS) = 8192  # tokens per pass (see admission)
     max_running: IntRange(1, 65536) = 256  # requests in the engine at once
@@ -282,17 +290,30 @@ class _Engine:
 
 
 def load_requests(spec: ServingWorkload, trace: MooncakeTrace | None = None):
+    """The replayed slice, arrival times counted from its first request."""
     if trace is None:
         trace = load_mooncake(Path(spec.trace), spec.skip_bad_lines)
-    reqs = trace.requests
-    return reqs if spec.max_requests is None else reqs[: spec.max_requests]
+    end = None if spec.max_requests is None else spec.first_request + spec.max_requests
+    reqs = trace.requests[spec.first_request:end]
+    if not reqs:
+        raise ConfigError(f"workload.first_request {spec.first_request}: the trace has "
+                          f"{len(trace.requests)} requests")
+    t0 = reqs[0].timestamp_ms
+    return tuple(dataclasses.replace(r, timestamp_ms=r.timestamp_ms - t0) for r in reqs) if t0 \
+        else reqs
+
+
+def serving_architecture(spec: ServingWorkload) -> Architecture:
+    """The architecture the engine runs: ``spec.architecture``, with ``spec.layers`` if set."""
+    arch = architecture(spec.architecture)
+    return arch if spec.layers is None else dataclasses.replace(arch, layers=spec.layers)
 
 
 def build(config: ManagerConfig, spec: ServingWorkload, manager: KVCacheManager, seed: int = 0,
           trace: MooncakeTrace | None = None) -> tuple[Workload, ServingStats]:
     """The engine's workload and the statistics it fills in. ``seed`` is unused (the trace fixes
     every request)."""
-    arch = architecture(spec.architecture)
+    arch = serving_architecture(spec)
     check_layout(config, arch)
     times = load_engine_times(spec.engine_times, arch)
     stats = ServingStats()

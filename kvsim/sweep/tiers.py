@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.llm.architectures import Architecture, architecture
+from kvsim.llm.architectures import Architecture
 from kvsim.llm.engine_time import load_engine_times
 from kvsim.scenario.source import load_yaml
+from kvsim.serving.engine import serving_architecture
 from kvsim.sweep.spec import Part, Sweep, load_sweep_scenario
 
 KNEE_PCT = 2.0  # "within 2 % of the best": the tier past which more buys little
@@ -55,7 +56,7 @@ def plan_of(scenario_file: str) -> TierPlan:
                         f"(workload.kind: serving), got {sc.workload.kind}")
     if sc.executor != "sim":
         raise TierError(f"{scenario_file}: kvsim tiers runs the simulator (executor: sim)")
-    arch = architecture(sc.workload.architecture)
+    arch = serving_architecture(sc.workload)
     return TierPlan(scenario_file, sc.name, arch, arch.kv_bytes_per_token,
                     sc.manager.levels[0].quota_bytes // arch.kv_bytes_per_token,
                     sc.workload.engine_times)

@@ -1,0 +1,89 @@
+"""Real forward passes for a serving engine on the hardware executor (``hw.forward: torch``).
+
+:class:`TorchForward` runs each :class:`~kvsim.runtime.steps.GpuWork` of
+:mod:`kvsim.serving.engine` on the GPU with PyTorch: every admitted request's prefill is a
+forward of ``new`` tokens after ``cached`` ones through the architecture's random-weight decoder
+layers (``hw.bench_engine``'s engine layers and attention: the new K/V written into the tail of
+a preallocated buffer, flash-style attention over the cached and new tokens), then the LM head
+on its last token; then the decode step, which is **not** run: the thread waits the engine
+times' decode seconds (the decode model is judged by ``hw.bench_engine`` alone; this mode
+measures queueing, onboarding and prefill).
+
+The cached tokens' K/V come from one buffer per layer, preallocated at the longest prompt and
+filled with random values once (their values do not change the time). What is checked: every
+pass's output is finite (once per pass, on its last request). Timed: the executor's clock
+around the whole pass (:class:`~kvsim.runtime.steps.GpuTimes`); the prefill part also with CUDA
+events, kept in :meth:`TorchForward.summary`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from hw.bench_engine import Engine, _prefill_forward, _randn, _rmsnorm
+from kvsim.llm.architectures import Architecture
+from kvsim.llm.engine_time import EngineTimes
+
+
+class TorchForward:
+    def __init__(self, arch: Architecture, times: EngineTimes, device: str,
+                 max_tokens: int) -> None:
+        import torch
+
+        self.torch, self.times, self.device = torch, times, device
+        torch.cuda.set_device(device)
+        self.engine = Engine(torch, arch, arch.layers, device, torch.bfloat16, "flex")
+        lw = self.engine.layers[0]
+        g = torch.Generator(device=device).manual_seed(11)
+        shape = (max_tokens, lw["nkv"], lw["hd"])
+        self.kbuf = [_randn(torch, g, shape, device, torch.bfloat16) for _ in self.engine.layers]
+        self.vbuf = [_randn(torch, g, shape, device, torch.bfloat16) for _ in self.engine.layers]
+        self.x = _randn(torch, g, (max_tokens, arch.hidden), device, torch.bfloat16)
+        self.max_tokens = max_tokens
+        self.prefill_ms: list[float] = []  # CUDA-event time of each pass's prefills
+        self.passes = 0
+        self.not_finite = 0
+
+    def _prefill(self, new: int, cached: int):
+        total = cached + new
+        if total > self.max_tokens:
+            raise ValueError(f"a prefill of {new} after {cached} tokens exceeds the "
+                             f"{self.max_tokens}-token buffers")
+        eng = self.engine
+        attend = eng.attend_for(new, cached)
+        x = self.x[:new]
+        for lw, k, v in zip(eng.layers, self.kbuf, self.vbuf):
+            x = _prefill_forward(self.torch, lw, x, k[:total], v[:total], cached, attend)
+        return _rmsnorm(self.torch, x[-1:]) @ eng.head_w
+
+    def run(self, work) -> None:
+        """One pass: the prefills for real, then the decode step's modelled seconds."""
+        torch = self.torch
+        if work.prefills:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = None
+            for new, cached in work.prefills:
+                out = self._prefill(new, cached)
+            end.record()
+            end.synchronize()
+            self.prefill_ms.append(start.elapsed_time(end))
+            if not bool(torch.isfinite(out.float()).all()):
+                self.not_finite += 1
+        self.passes += 1
+        decode = self.times.decode_seconds(list(work.decode))
+        if decode > 0:
+            time.sleep(decode)
+
+    def warm_up(self, shapes=((128, 0), (2048, 0), (2048, 4096), (8192, 8192))) -> None:
+        """Kernel selection and allocator warm-up before the measured threads start."""
+        for new, cached in shapes:
+            if new + cached <= self.max_tokens:
+                self._prefill(new, cached)
+        self.torch.cuda.synchronize()
+
+    def summary(self) -> dict:
+        return {"passes": self.passes, "passes_with_prefill": len(self.prefill_ms),
+                "prefill_s": sum(self.prefill_ms) / 1e3, "not_finite_outputs": self.not_finite,
+                "decode": "modelled (slept), not run", "layers": len(self.engine.layers),
+                "buffer_tokens": self.max_tokens}

@@ -1,0 +1,113 @@
+"""The TTFT validation (issue 24): a serving scenario measured on the GPU, predicted by the
+simulator, judged (protocol: ``reports/validation-h200/ttft/PROTOCOL.md``).
+
+``judge`` reads the measured run (``kvsim run SCENARIO --out DIR`` with executor hw: ``DIR``'s
+``results.json`` and each variant's ``variants/NAME/results.json``), runs the same scenario and
+variants in the simulator (``executor: sim``, everything else as written), and compares time to
+first token per run: p50 and p99, target :data:`TARGET_PCT`. Beside the judged figures it lists
+what explains them: hit rate, queueing, copy wait, and the prefill GPU time (measured by CUDA
+events in the hardware run, modelled in the simulator).
+
+    python -m kvsim.calibration.ttft_judge SCENARIO MEASURED_DIR --out JUDGE_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from kvsim.calibration.packed import read_json
+
+TARGET_PCT = 10.0
+JUDGED = ("ttft_p50_ms", "ttft_p99_ms")
+SHOWN = ("hit_rate", "queue_p50_ms", "queue_p99_ms", "copy_wait_p50_ms", "ttft_mean_ms",
+         "gpu_busy_s", "prefill_s", "passes", "failed", "admission_retries")
+
+
+def _measured(directory: Path) -> dict[str, dict]:
+    """Run name (``base`` and each variant) -> its results object."""
+    base = read_json(directory / "results.json")
+    runs = {"base": base}
+    for name in base.get("variants", {}):
+        runs[name] = read_json(directory / "variants" / name / "results.json")
+    return runs
+
+
+def _predicted(scenario_file: str) -> dict[str, dict]:
+    from kvsim.scenario.load import load_scenario_file
+    from kvsim.scenario.run import execute
+
+    sf = load_scenario_file(scenario_file)
+    runs = {"base": execute(replace(sf.base, executor="sim"))}
+    for variant, scenario in sf.variants:
+        runs[variant.name] = execute(replace(scenario, executor="sim"))
+    return runs
+
+
+def judge(scenario_file: str, measured_dir: str | Path) -> dict:
+    measured = _measured(Path(measured_dir))
+    predicted = _predicted(scenario_file)
+    out: dict = {"scenario": scenario_file, "target_pct": TARGET_PCT, "runs": {}}
+    for name, m_res in measured.items():
+        m, p = m_res["workload_summary"], predicted[name]["workload_summary"]
+        row: dict = {"judged": {}, "shown": {}}
+        for k in JUDGED:
+            err = (p[k] / m[k] - 1) * 100 if m[k] else None
+            row["judged"][k] = {"measured": m[k], "predicted": p[k], "error_pct": err,
+                                "met": err is not None and abs(err) <= TARGET_PCT}
+        for k in SHOWN:
+            row["shown"][k] = {"measured": m.get(k), "predicted": p.get(k)}
+        fwd = (m_res.get("hw") or {}).get("forward") or {}
+        row["shown"]["prefill_gpu_s_cuda_events"] = {"measured": fwd.get("prefill_s"),
+                                                     "predicted": p.get("prefill_s")}
+        row["requests"] = {"measured": m["requests"], "predicted": p["requests"]}
+        out["runs"][name] = row
+    out["met"] = sum(v["met"] for r in out["runs"].values() for v in r["judged"].values())
+    out["judged"] = sum(len(r["judged"]) for r in out["runs"].values())
+    return out
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def markdown(result: dict) -> str:
+    lines = [f"# TTFT: predicted against measured ({result['met']} of {result['judged']} within "
+             f"{result['target_pct']:g} %)", "",
+             "| run | figure | measured | predicted | error | within 10 % |", "|---|---|---|---|---|---|"]
+    for name, r in result["runs"].items():
+        for k, v in r["judged"].items():
+            err = "-" if v["error_pct"] is None else f"{v['error_pct']:+.1f} %"
+            lines.append(f"| {name} | {k} | {v['measured']:.1f} | {v['predicted']:.1f} | {err} | "
+                         f"{'met' if v['met'] else 'missed'} |")
+    lines += ["", "What explains them (not judged):", "", "| run | figure | measured | predicted |",
+              "|---|---|---|---|"]
+    for name, r in result["runs"].items():
+        for k, v in r["shown"].items():
+            lines.append(f"| {name} | {k} | {_fmt(v['measured'])} | {_fmt(v['predicted'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m kvsim.calibration.ttft_judge")
+    ap.add_argument("scenario")
+    ap.add_argument("measured")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    from kvsim.output_dir import open_output_dir
+
+    out = open_output_dir(Path(args.out), "--out")
+    result = judge(args.scenario, args.measured)
+    (out / "ttft-judge.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    (out / "ttft-judge.md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

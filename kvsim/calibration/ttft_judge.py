@@ -2,7 +2,7 @@
 simulator, judged (protocol: ``reports/validation-h200/ttft/PROTOCOL.md``).
 
 ``judge`` reads the measured run (``kvsim run SCENARIO --out DIR`` with executor hw: ``DIR``'s
-``results.json`` and each variant's ``variants/NAME/results.json``), runs the same scenario and
+``results.json`` and each variant's ``variants/NAME/results.json``, plain or compressed), runs the same scenario and
 variants in the simulator (``executor: sim``, everything else as written), and compares time to
 first token per run: p50 and p99, target :data:`TARGET_PCT`. Beside the judged figures it lists
 what explains them: hit rate, queueing, copy wait, and the prefill GPU time (measured by CUDA
@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from kvsim.calibration.packed import read_json
+from kvsim.calibration.packed import first_existing, read_json
 
 TARGET_PCT = 10.0
 JUDGED = ("ttft_p50_ms", "ttft_p99_ms")
@@ -29,10 +29,16 @@ SHOWN = ("hit_rate", "queue_p50_ms", "queue_p99_ms", "copy_wait_p50_ms", "ttft_m
 
 def _measured(directory: Path) -> dict[str, dict]:
     """Run name (``base`` and each variant) -> its results object."""
-    base = read_json(directory / "results.json")
+    def load(folder: Path) -> dict:
+        path = first_existing(folder, "results.json")
+        if path is None:
+            raise FileNotFoundError(f"no results.json (or .xz, .gz) in {folder}")
+        return read_json(path)
+
+    base = load(directory)
     runs = {"base": base}
     for name in base.get("variants", {}):
-        runs[name] = read_json(directory / "variants" / name / "results.json")
+        runs[name] = load(directory / "variants" / name)
     return runs
 
 

@@ -2,11 +2,11 @@
 simulator, judged (protocol: ``reports/validation-h200/ttft/PROTOCOL.md``).
 
 ``judge`` reads the measured run (``kvsim run SCENARIO --out DIR`` with executor hw: ``DIR``'s
-``results.json`` and each variant's ``variants/NAME/results.json``, plain or compressed), runs the same scenario and
-variants in the simulator (``executor: sim``, everything else as written), and compares time to
-first token per run: p50 and p99, target :data:`TARGET_PCT`. Beside the judged figures it lists
-what explains them: hit rate, queueing, copy wait, and the prefill GPU time (measured by CUDA
-events in the hardware run, modelled in the simulator).
+``results.json`` and each variant's ``variants/NAME/results.json``, plain or compressed), runs
+the same scenario and variants in the simulator (``executor: sim``, everything else as
+written), and compares time to first token per run: p50 and p99, target :data:`TARGET_PCT`.
+Beside the judged figures it lists what explains them: hit rate, queueing, copy wait, and the
+prefill GPU time (measured by CUDA events in the hardware run, modelled in the simulator).
 
     python -m kvsim.calibration.ttft_judge SCENARIO MEASURED_DIR --out JUDGE_DIR
 """

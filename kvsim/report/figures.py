@@ -13,8 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 PNG_METADATA = {"Software": None}
 
 
-def new_figure(width: float = 8.0, height: float = 4.5, rows: int = 1):
-    fig, ax = plt.subplots(rows, 1, figsize=(width, height), dpi=100)
+def new_figure(width: float = 8.0, height: float = 4.5, rows: int = 1, cols: int = 1):
+    fig, ax = plt.subplots(rows, cols, figsize=(width, height), dpi=100)
     return fig, ax
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 
 from kvsim.report.figures import new_figure, save
+from kvsim.report.serving_report import is_serving, serving_answer, serving_section
 
 MAX_CALL_ROWS = 60
 
@@ -351,7 +352,8 @@ def write_report(results: dict, out_dir: Path) -> None:
         lines += [f"Variant `{variant['name']}` of `{variant['of']}`: sets {sets}.", ""]
     if sc.get("question"):
         lines += [f"**Question.** {sc['question'].strip()}", ""]
-    lines += [f"**Answer.** {_answer(results)}", "",
+    answer = serving_answer(results) if is_serving(results) else _answer(results)
+    lines += [f"**Answer.** {answer}", "",
               sc["description"].strip() or "(no description)", ""]
     if results.get("overrides"):
         lines += ["* overrides (`--set`): " + ", ".join(f"`{o}`" for o in results["overrides"])]
@@ -371,6 +373,8 @@ def write_report(results: dict, out_dir: Path) -> None:
                                           if results.get("variants") else ""),
         "",
     ]
+    if is_serving(results):
+        lines += serving_section(results, out_dir)
     lines += _variants_section(results)
     if results.get("variants") and _variants_figure(results, out_dir / "variants.png"):
         lines += ["![growth resize per variant](variants.png)", ""]

@@ -20,6 +20,7 @@ where TTFT rises again.
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,7 +64,8 @@ def plan_of(scenario_file: str) -> TierPlan:
 
 
 def _derived(plan: TierPlan, host: int, disk: int, out: Path) -> str:
-    """A copy of the scenario with these tiers (its paths made absolute), in ``out/scenarios``;
+    """A copy of the scenario with these tiers (its paths relative to the copy), in
+    ``out/scenarios``;
     its path. The sweep's points name these files, so a re-run resumes."""
     import yaml
 
@@ -71,12 +73,18 @@ def _derived(plan: TierPlan, host: int, disk: int, out: Path) -> str:
     data = dict(data)
     data.pop("sweep", None)
     sc = load_sweep_scenario(plan.scenario_file)[0].base
-    data["workload"] = dict(data["workload"], trace=str(Path(sc.workload.trace).resolve()))
+    folder = out / "scenarios"
+    folder.mkdir(exist_ok=True)
+
+    def here(path: str) -> str:  # relative to the new file, so the directory can move
+        return os.path.relpath(Path(path).resolve(), folder.resolve())
+
+    data["workload"] = dict(data["workload"], trace=here(sc.workload.trace))
     if sc.workload.engine_times.endswith(".json"):
-        data["workload"]["engine_times"] = str(Path(sc.workload.engine_times).resolve())
+        data["workload"]["engine_times"] = here(sc.workload.engine_times)
     for key in ("hardware", "cpu_model"):
         if str(data.get(key, "")).endswith(".json"):
-            data[key] = str(Path(getattr(sc, key)).resolve())
+            data[key] = here(getattr(sc, key))
     gpu = sc.manager.levels[0]
     levels = [{"name": gpu.name, "quota_bytes": gpu.quota_bytes}]
     if host:
@@ -84,8 +92,6 @@ def _derived(plan: TierPlan, host: int, disk: int, out: Path) -> str:
     if disk:
         levels.append({"name": "disk", "quota_bytes": disk * plan.bytes_per_token})
     data["manager"] = dict(data["manager"], levels=levels)
-    folder = out / "scenarios"
-    folder.mkdir(exist_ok=True)
     path = folder / f"host-{_tokens(host)}-disk-{_tokens(disk)}.yaml"
     path.write_text(f"# written by kvsim tiers from {plan.scenario_file}\n"
                     + yaml.safe_dump(data, sort_keys=False))
@@ -202,14 +208,10 @@ def _tier_text(r: dict, plan: TierPlan) -> str:
 
 
 def _figures(rows: list[dict], out: Path) -> list[tuple[str, str]]:
-    import matplotlib
+    from kvsim.report.figures import new_figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figs = []
     series = sorted({r["series"] for r in rows})
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, (a, b, c) = new_figure(15.0, 4.2, cols=3)
     for s in series:
         pts = sorted((r for r in rows if r["series"] == s), key=lambda r: r["extra_tokens"])
         x = [r["extra_tokens"] / 1e6 for r in pts]
@@ -225,11 +227,8 @@ def _figures(rows: list[dict], out: Path) -> list[tuple[str, str]]:
     for ax in (a, b, c):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "tiers.png", dpi=110)
-    plt.close(fig)
-    figs.append(("tiers.png", "TTFT p50/p99, hit rate and GPU time against the extra tiers' size"))
-    return figs
+    save(fig, out / "tiers.png")
+    return [("tiers.png", "TTFT p50/p99, hit rate and GPU time against the extra tiers' size")]
 
 
 def write_tier_report(table, out_dir: str | Path, plan: TierPlan, median_prompt: int,

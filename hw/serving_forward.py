@@ -41,6 +41,7 @@ class TorchForward:
         self.x = _randn(torch, g, (max_tokens, arch.hidden), device, torch.bfloat16)
         self.max_tokens = max_tokens
         self.prefill_ms: list[float] = []  # CUDA-event time of each pass's prefills
+        self.pass_prefills: list[list] = []  # per pass with prefills: [(new, cached), ...]
         self.passes = 0
         self.not_finite = 0
 
@@ -68,6 +69,7 @@ class TorchForward:
             end.record()
             end.synchronize()
             self.prefill_ms.append(start.elapsed_time(end))
+            self.pass_prefills.append([list(p) for p in work.prefills])
             if not bool(torch.isfinite(out.float()).all()):
                 self.not_finite += 1
         self.passes += 1
@@ -86,4 +88,6 @@ class TorchForward:
         return {"passes": self.passes, "passes_with_prefill": len(self.prefill_ms),
                 "prefill_s": sum(self.prefill_ms) / 1e3, "not_finite_outputs": self.not_finite,
                 "decode": "modelled (slept), not run", "layers": len(self.engine.layers),
-                "buffer_tokens": self.max_tokens}
+                "buffer_tokens": self.max_tokens,
+                "per_pass": {"prefills": self.pass_prefills,
+                             "prefill_ms": [round(t, 4) for t in self.prefill_ms]}}

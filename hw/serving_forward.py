@@ -7,7 +7,10 @@ layers (``hw.bench_engine``'s engine layers and attention: the new K/V written i
 a preallocated buffer, flash-style attention over the cached and new tokens), then the LM head
 on its last token; then the decode step, which is **not** run: the thread waits the engine
 times' decode seconds (the decode model is judged by ``hw.bench_engine`` alone; this mode
-measures queueing, onboarding and prefill).
+measures queueing, onboarding and prefill). ``decode_wait`` says how: ``sleep`` (the GPU idles,
+and an idle H200 lowers its clocks) or ``spin`` (every SM spins that long,
+:func:`hw.gpu_clocks.keep_busy`, as a real decode step would keep the GPU busy). Before each
+pass's prefills the SM clock is read (NVML), kept per pass.
 
 The cached tokens' K/V come from one buffer per layer, preallocated at the longest prompt and
 filled with random values once (their values do not change the time). What is checked: every
@@ -25,12 +28,36 @@ from kvsim.llm.architectures import Architecture
 from kvsim.llm.engine_time import EngineTimes
 
 
+class _SmClock:
+    """The SM clock by NVML, one session for the run (a read is tens of microseconds)."""
+
+    def __init__(self, device: int) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nv, self._h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(device)
+        except Exception:  # noqa: BLE001 - no NVML: the clock is not recorded
+            self._nv = None
+
+    def read(self) -> int | None:
+        if self._nv is None:
+            return None
+        try:
+            return int(self._nv.nvmlDeviceGetClockInfo(self._h, self._nv.NVML_CLOCK_SM))
+        except Exception:  # noqa: BLE001 - one lost reading
+            return None
+
+
 class TorchForward:
     def __init__(self, arch: Architecture, times: EngineTimes, device: str,
-                 max_tokens: int) -> None:
+                 max_tokens: int, decode_wait: str = "sleep") -> None:
         import torch
 
-        self.torch, self.times, self.device = torch, times, device
+        if decode_wait not in ("sleep", "spin"):
+            raise ValueError(f"decode_wait must be sleep or spin, got {decode_wait!r}")
+        self.torch, self.times, self.device, self.decode_wait = torch, times, device, decode_wait
+        self._clock = _SmClock(int(device.split(":")[-1]))
         torch.cuda.set_device(device)
         self.engine = Engine(torch, arch, arch.layers, device, torch.bfloat16, "flex")
         lw = self.engine.layers[0]
@@ -42,6 +69,7 @@ class TorchForward:
         self.max_tokens = max_tokens
         self.prefill_ms: list[float] = []  # CUDA-event time of each pass's prefills
         self.pass_prefills: list[list] = []  # per pass with prefills: [(new, cached), ...]
+        self.pass_clock_mhz: list[int | None] = []  # SM clock just before those prefills
         self.passes = 0
         self.not_finite = 0
 
@@ -61,6 +89,7 @@ class TorchForward:
         """One pass: the prefills for real, then the decode step's modelled seconds."""
         torch = self.torch
         if work.prefills:
+            self.pass_clock_mhz.append(self._clock.read())
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             out = None
@@ -74,7 +103,11 @@ class TorchForward:
                 self.not_finite += 1
         self.passes += 1
         decode = self.times.decode_seconds(list(work.decode))
-        if decode > 0:
+        if decode > 0 and self.decode_wait == "spin":
+            from hw.gpu_clocks import keep_busy
+
+            keep_busy(decode * 1e3)
+        elif decode > 0:
             time.sleep(decode)
 
     def warm_up(self, shapes=((128, 0), (2048, 0), (2048, 4096), (8192, 8192))) -> None:
@@ -87,7 +120,9 @@ class TorchForward:
     def summary(self) -> dict:
         return {"passes": self.passes, "passes_with_prefill": len(self.prefill_ms),
                 "prefill_s": sum(self.prefill_ms) / 1e3, "not_finite_outputs": self.not_finite,
-                "decode": "modelled (slept), not run", "layers": len(self.engine.layers),
+                "decode": f"modelled, not run ({self.decode_wait})",
+                "layers": len(self.engine.layers),
                 "buffer_tokens": self.max_tokens,
                 "per_pass": {"prefills": self.pass_prefills,
-                             "prefill_ms": [round(t, 4) for t in self.prefill_ms]}}
+                             "prefill_ms": [round(t, 4) for t in self.prefill_ms],
+                             "sm_clock_mhz": self.pass_clock_mhz}}

@@ -98,7 +98,7 @@ def _torch_forward(scenario: Scenario):
     arch = serving_architecture(w)
     longest = max(r.input_length for r in load_requests(w))
     forward = TorchForward(arch, load_engine_times(w.engine_times, arch),
-                           f"cuda:{scenario.hw.device}", longest)
+                           f"cuda:{scenario.hw.device}", longest, scenario.hw.decode_wait)
     forward.warm_up()
     return forward
 

@@ -98,6 +98,8 @@ Schema (``*`` = required)::
                                     # start, so the GPU is out of its idle clocks (default 0)
       forward: model | torch        # a serving engine's passes: model (sleep their modelled
                                     # time) or torch (real random-weight prefills, PyTorch)
+      decode_wait: sleep | spin     # forward torch: the (modelled) decode step sleeps, or
+                                    # spins every SM so the GPU keeps its clocks
     expect_failures: [API, ...]     # APIs whose failed calls the scenario expects; any other
                                     # failed call makes `kvsim run` say so and exit 1
     variants:                       # optional: named runs of this scenario with overrides
@@ -261,6 +263,7 @@ class HwSettings:
     warmup_runs: IntRange(0, 100) = 0  # whole runs done first and discarded (a warm process)
     warm_gpu_ms: FloatRange(0.0, 60_000.0) = 0.0  # spin the GPU before the threads start
     forward: OneOf("model", "torch") = "model"  # a serving engine's passes: slept, or real
+    decode_wait: OneOf("sleep", "spin") = "sleep"  # forward torch: the decode step's wait
 
 
 @schema

@@ -10,7 +10,8 @@ prefills, as in the run. Writes ``{"config", "passes": [{"prefills", "run_ms", "
 PyTorch starts) and with ``--warm-max`` (one prefill at the run's longest prompt first, so the
 caching allocator holds segments as large as any later pass needs).
 
-    python3 tools/replay_serving_prefills.py RESULTS.json[.xz] --out FILE.json [--warm-max] [--passes N]
+    python3 tools/replay_serving_prefills.py RESULTS.json[.xz] --out FILE.json [--warm-max]
+        [--passes N] [--repeat K]
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--warm-max", action="store_true")
     ap.add_argument("--passes", type=int, default=None, help="the first N passes only")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="replay the sequence this many times in one process (the later rounds "
+                         "meet every shape a second time); each round's times are kept")
     args = ap.parse_args(argv)
 
     import dataclasses
@@ -55,17 +59,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.warm_max:
         fwd._prefill(longest, 0)
         torch.cuda.synchronize()
-    out = []
-    for prefills, run_ms in passes:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for new, cached in prefills:
-            fwd._prefill(new, cached)
-        end.record()
-        end.synchronize()
-        model_ms = sum(times.prefill_seconds(n, c) for n, c in prefills) * 1e3
-        out.append({"prefills": prefills, "run_ms": run_ms, "replay_ms": start.elapsed_time(end),
-                    "model_ms": model_ms})
+    out = [{"prefills": prefills, "run_ms": run_ms, "replay_ms": None,
+            "model_ms": sum(times.prefill_seconds(n, c) for n, c in prefills) * 1e3}
+           for prefills, run_ms in passes]
+    for round_ in range(args.repeat):
+        for row in out:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for new, cached in row["prefills"]:
+                fwd._prefill(new, cached)
+            end.record()
+            end.synchronize()
+            key = "replay_ms" if round_ == 0 else f"replay_{round_ + 1}_ms"
+            row[key] = start.elapsed_time(end)
     doc = {"config": {"results": args.results, "warm_max": args.warm_max,
                       "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
                       "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),

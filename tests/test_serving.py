@@ -286,3 +286,51 @@ def test_a_slice_of_the_trace_counts_arrivals_from_its_first_request(tmp_path):
     assert reqs[1].arrival_s == pytest.approx(0.25)  # the sample's requests are 250 ms apart
     s = execute(sf.base)["workload_summary"]
     assert [r["request"] for r in s["per_request"]] == [4, 5, 6]
+
+
+# -- kvsim tiers -------------------------------------------------------------------------------------
+def test_parse_tokens_allows_zero_and_suffixes():
+    import argparse
+
+    from kvsim.cli.tiers import parse_tokens
+
+    assert parse_tokens("0,10k,2M") == [0, 10_000, 2_000_000]
+    with pytest.raises(argparse.ArgumentTypeError):
+        parse_tokens("0,lots")
+
+
+def test_kvsim_tiers_sweeps_host_and_disk_and_reports(tmp_path):
+    from kvsim.cli import main
+
+    sf_path = tmp_path / "s.yaml"
+    sf_path.write_text(SCENARIO.format(trace=TRACE, engine=engine_file(tmp_path), half=HALF,
+                                       sim="", extra="", levels="    - {name: gpu, quota_bytes: 1 GiB}"))
+    out = tmp_path / "tiers"
+    assert main(["tiers", str(sf_path), "--host-tokens", "0,10k", "--disk-tokens", "0,50k",
+                 "--disk", "micron-7450-gen4", "--workers", "1", "--out", str(out), "--quiet"]) == 0
+    import pandas as pd
+
+    table = pd.read_csv(out / "results.csv")
+    assert len(table) == 3 and set(table["status"]) == {"ok"}  # host 0, host 10k, 10k + 50k disk
+    assert sorted(table["cfg_host_tier_bytes"] // LLAMA_3_8B.kv_bytes_per_token) == [0, 10_000, 10_000]
+    disk = table[table["cfg_disk_tier_bytes"] > 0]
+    assert list(disk["cfg_disk"]) == ["micron-7450-gen4 x1"]
+    report = (out / "report.md").read_text()
+    assert "**Recommendation.**" in report and "break-even" in report.lower()
+    assert (out / "tiers.png").stat().st_size > 0
+    # the host tier raises the hit rate over the GPU tier alone
+    by_host = dict(zip(table["cfg_host_tier_bytes"], table["serving_hit_rate"]))
+    assert by_host[10_000 * LLAMA_3_8B.kv_bytes_per_token] > by_host[0]
+
+
+def test_kvsim_tiers_refuses_a_disk_without_a_drive_or_a_host_tier(tmp_path, capsys):
+    from kvsim.cli import main
+
+    sf_path = tmp_path / "s.yaml"
+    sf_path.write_text(SCENARIO.format(trace=TRACE, engine=engine_file(tmp_path), half=HALF,
+                                       sim="", extra="", levels="    - {name: gpu, quota_bytes: 1 GiB}"))
+    assert main(["tiers", str(sf_path), "--disk-tokens", "50k", "--out", str(tmp_path / "a")]) == 2
+    assert "needs --disk" in capsys.readouterr().err
+    assert main(["tiers", str(sf_path), "--host-tokens", "0", "--disk-tokens", "50k", "--disk",
+                 "micron-7450-gen4", "--out", str(tmp_path / "b")]) == 2
+    assert "needs a host tier" in capsys.readouterr().err

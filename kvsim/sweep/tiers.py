@@ -132,7 +132,8 @@ def _configs(table, plan: TierPlan) -> list[dict]:
         r["host_tokens"] = int(r["cfg_host_tier_bytes"]) // plan.bytes_per_token
         r["disk_tokens"] = int(r["cfg_disk_tier_bytes"]) // plan.bytes_per_token
         r["extra_tokens"] = r["host_tokens"] + r["disk_tokens"]
-        r["series"] = f"{r['cfg_hardware']}" + (f", disk {r['cfg_disk']}" if r["cfg_disk"] else "")
+        r["series"] = f"{r['cfg_hardware']}" + (
+            f", disk {_tokens(r['disk_tokens'])} {r['cfg_disk']}" if r["cfg_disk"] else "")
     for r in rows:
         same = [b for b in rows if b["cfg_hardware"] == r["cfg_hardware"] and b["extra_tokens"] == 0]
         base = same[0] if same else None
@@ -156,12 +157,12 @@ def break_even(plan: TierPlan, median_prompt: int) -> dict[str, float]:
 
 
 def knees(rows: list[dict]) -> dict[str, dict]:
-    """Per series (hardware, disk): the smallest tier within KNEE_PCT of the best TTFT p50,
-    and the first size whose TTFT p50 is worse than the one before (if any)."""
+    """Per series (hardware, disk): the smallest host tier within KNEE_PCT of the best TTFT
+    p50, and the first size whose TTFT p50 is worse than the one before (if any)."""
     out: dict[str, dict] = {}
     for series in sorted({r["series"] for r in rows}):
         pts = sorted((r for r in rows if r["series"] == series and r["ttft_p50_ms"] is not None),
-                     key=lambda r: r["extra_tokens"])
+                     key=lambda r: r["host_tokens"])
         if not pts:
             continue
         best = min(p["ttft_p50_ms"] for p in pts)
@@ -213,22 +214,23 @@ def _figures(rows: list[dict], out: Path) -> list[tuple[str, str]]:
     series = sorted({r["series"] for r in rows})
     fig, (a, b, c) = new_figure(15.0, 4.2, cols=3)
     for s in series:
-        pts = sorted((r for r in rows if r["series"] == s), key=lambda r: r["extra_tokens"])
-        x = [r["extra_tokens"] / 1e6 for r in pts]
+        pts = sorted((r for r in rows if r["series"] == s), key=lambda r: r["host_tokens"])
+        x = [r["host_tokens"] / 1e6 for r in pts]
         line = a.plot(x, [r["ttft_p50_ms"] for r in pts], "o-", label=f"{s} p50")[0]
         a.plot(x, [r["ttft_p99_ms"] for r in pts], "s--", color=line.get_color(), label=f"{s} p99")
         b.plot(x, [100 * r["serving_hit_rate"] for r in pts], "o-", label=s)
-        c.plot(x, [r["gpu_busy_s"] for r in pts], "o-", label=s)
-    a.set(xlabel="host + disk tier (million tokens)", ylabel="TTFT (ms)", yscale="log",
+        c.plot(x, [r["prefill_s"] for r in pts], "o-", label=s)
+    a.set(xlabel="host tier (million tokens)", ylabel="TTFT (ms)", yscale="log",
           title="Time to first token")
-    b.set(xlabel="host + disk tier (million tokens)", ylabel="reused tokens (%)", title="Hit rate")
-    c.set(xlabel="host + disk tier (million tokens)", ylabel="GPU busy (s)",
-          title="GPU time (prefill + decode)")
+    b.set(xlabel="host tier (million tokens)", ylabel="reused tokens (%)", title="Hit rate")
+    c.set(xlabel="host tier (million tokens)", ylabel="prefill GPU time (s)",
+          title="Prefill compute (what reuse saves)")
     for ax in (a, b, c):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     save(fig, out / "tiers.png")
-    return [("tiers.png", "TTFT p50/p99, hit rate and GPU time against the extra tiers' size")]
+    return [("tiers.png", "TTFT p50/p99, hit rate and prefill GPU time against the host tier's "
+                          "size, a line per hardware and disk tier")]
 
 
 def write_tier_report(table, out_dir: str | Path, plan: TierPlan, median_prompt: int,
@@ -242,20 +244,28 @@ def write_tier_report(table, out_dir: str | Path, plan: TierPlan, median_prompt:
              f"Architecture {plan.arch.name} ({plan.bytes_per_token / 1024:g} KiB of KV per token "
              f"and GPU, {plan.arch.source}); GPU tier {_tokens(plan.gpu_tokens)} tokens; engine "
              f"times {plan.engine_times}; scenario `{plan.scenario_file}`."
-             + (f" {len(rows)} points in {wall_s:.0f} s." if wall_s is not None else ""), ""]
+             + f" {len(rows)} points; the simulator ran them in {_point_seconds(table):.0f} s "
+             "(the sum of the points' wall times)"
+             + (f", this invocation took {wall_s:.0f} s." if wall_s is not None else "."), ""]
     if failed:
         lines += [f"{len(failed)} point(s) failed: " + "; ".join(str(r["error"]) for r in failed[:3]),
                   ""]
     lines += ["| hardware | disk | host tier | disk tier | hit rate | TTFT p50 ms | TTFT p99 ms | "
-              "queue p50 ms | copy wait p50 ms | GPU busy s | GPU s saved | failed |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "queue p50 ms | copy wait p50 ms | prefill s | GPU busy s | GPU busy | GPU s saved | "
+              "failed |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         saved = "" if r["gpu_s_saved"] is None else f"{r['gpu_s_saved']:.1f} ({r['gpu_pct_saved']:.0f} %)"
+        busy = f"{100 * r['gpu_busy_s'] / r['sim_end_s']:.0f} %" if r["sim_end_s"] else "-"
         lines.append(f"| {r['cfg_hardware']} | {r['cfg_disk'] or '-'} | {_tokens(r['host_tokens'])} | "
                      f"{_tokens(r['disk_tokens'])} | {100 * r['serving_hit_rate']:.1f} % | "
                      f"{r['ttft_p50_ms']:.1f} | {r['ttft_p99_ms']:.1f} | {r['queue_p50_ms']:.1f} | "
-                     f"{r['copy_wait_p50_ms']:.2f} | {r['gpu_busy_s']:.1f} | {saved} | "
-                     f"{r['failed_requests']} |")
+                     f"{r['copy_wait_p50_ms']:.2f} | {r['prefill_s']:.1f} | {r['gpu_busy_s']:.1f} | "
+                     f"{busy} | {saved} | {r['failed_requests']} |")
+    lines += ["", "GPU busy: the modelled prefill and decode time of every pass over the run's "
+              "simulated time. GPU seconds saved are against the same hardware with the GPU tier "
+              "alone; they include decode: a slower engine batches more decoding requests per "
+              "pass, which costs fewer seconds, so compare the prefill seconds for the compute "
+              "the reuse saved."]
     lines.append("")
     for name, caption in _figures(rows, out) if rows else []:
         lines += [f"![{caption}]({name})", "", f"*{caption}.*", ""]
@@ -267,9 +277,9 @@ def write_tier_report(table, out_dir: str | Path, plan: TierPlan, median_prompt:
               "recompute (before queueing and overlap).", ""]
     for series, k in knees(rows).items():
         text = (f"* {series}: TTFT p50 within {KNEE_PCT:g} % of its best ({k['best_ms']:.0f} ms) "
-                f"from {_tokens(k['knee']['extra_tokens'])} extra tokens")
+                f"from a host tier of {_tokens(k['knee']['host_tokens'])} tokens")
         if k["rises_at"] is not None:
-            text += (f"; it rises again at {_tokens(k['rises_at']['extra_tokens'])} "
+            text += (f"; it rises again at {_tokens(k['rises_at']['host_tokens'])} "
                      "(onboarding stops paying there)")
         lines.append(text + ".")
     lines += ["", "Per point: `results.csv` / `results.parquet` in this directory (the sweep "
@@ -277,6 +287,10 @@ def write_tier_report(table, out_dir: str | Path, plan: TierPlan, median_prompt:
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _point_seconds(table) -> float:
+    return float(sum(w for w in table["wall_s"] if w == w and w is not None))
 
 
 def median_prompt_tokens(scenario_file: str) -> int:

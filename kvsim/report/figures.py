@@ -18,7 +18,21 @@ def new_figure(width: float = 8.0, height: float = 4.5, rows: int = 1, cols: int
     return fig, ax
 
 
-def save(fig, path: Path) -> None:
+def save(fig, path: Path, palette: int | None = None) -> None:
+    """Write ``fig`` as a PNG without time stamps (the same figure gives the same bytes).
+    ``palette``: quantise to that many colours first (a line plot loses nothing visible and
+    shrinks about four times: for figures committed to the repository)."""
     fig.tight_layout()
-    fig.savefig(path, format="png", metadata=PNG_METADATA)
+    if palette is None:
+        fig.savefig(path, format="png", metadata=PNG_METADATA)
+    else:
+        import io
+
+        from PIL import Image
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", metadata=PNG_METADATA)
+        image = Image.open(buf).convert("RGB").quantize(colors=palette,
+                                                        method=Image.Quantize.MEDIANCUT)
+        image.save(path, format="PNG", optimize=True)
     plt.close(fig)

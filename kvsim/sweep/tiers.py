@@ -212,7 +212,7 @@ def _figures(rows: list[dict], out: Path) -> list[tuple[str, str]]:
     from kvsim.report.figures import new_figure, save
 
     series = sorted({r["series"] for r in rows})
-    fig, (a, b, c) = new_figure(15.0, 4.2, cols=3)
+    fig, (a, b, c) = new_figure(13.0, 3.8, cols=3)
     for s in series:
         pts = sorted((r for r in rows if r["series"] == s), key=lambda r: r["host_tokens"])
         x = [r["host_tokens"] / 1e6 for r in pts]
@@ -228,7 +228,7 @@ def _figures(rows: list[dict], out: Path) -> list[tuple[str, str]]:
     for ax in (a, b, c):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    save(fig, out / "tiers.png")
+    save(fig, out / "tiers.png", palette=64)
     return [("tiers.png", "TTFT p50/p99, hit rate and prefill GPU time against the host tier's "
                           "size, a line per hardware and disk tier")]
 

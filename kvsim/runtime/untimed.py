@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from kvsim.manager import KVCacheManager, Outcome
 from kvsim.manager.invariants import find_violations
-from kvsim.runtime.steps import Call, Sleep, Until, Workload
+from kvsim.runtime.steps import Call, GpuTimes, GpuWork, Now, Sleep, Until, Workload
 
 
 def error_text(outcome: Outcome) -> str:
@@ -41,22 +41,36 @@ def run_setup(calls: Iterable[Call],
 
 
 def merge_by_time(threads: dict) -> Iterator[tuple[str, Call]]:
-    """The threads' calls in the order of their nominal times (``Until``/``Sleep``; calls take no
-    time here), ties by thread name: a plan-only replay of concurrent threads."""
+    """The threads' calls in the order of their nominal times (``Until``/``Sleep``/``GpuWork``
+    seconds; calls take no time here), ties by thread name: a plan-only replay of concurrent
+    threads. A thread's ``Now`` gets its nominal time; its ``GpuWork`` ends ``seconds`` later,
+    its copies counted as landed at once."""
     clocks = {name: 0.0 for name in threads}
+    reply: dict[str, object] = {}
     heap = [(0.0, name) for name in sorted(threads)]
     heapq.heapify(heap)
     while heap:
         _, name = heapq.heappop(heap)
-        for step in threads[name]:
+        it = threads[name]
+        while True:
+            value = reply.pop(name, None)
+            try:
+                step = it.send(value) if value is not None else next(it)
+            except StopIteration:
+                break
+            if isinstance(step, Now):
+                reply[name] = clocks[name]
+                continue
             if isinstance(step, Call):
                 yield name, step
-                heapq.heappush(heap, (clocks[name], name))
-                break
-            if isinstance(step, Sleep):
+            elif isinstance(step, Sleep):
                 clocks[name] += step.seconds
             elif isinstance(step, Until):
                 clocks[name] = max(clocks[name], step.time)
+            elif isinstance(step, GpuWork):
+                start = clocks[name]
+                clocks[name] += step.seconds
+                reply[name] = GpuTimes(start, start, clocks[name])
             heapq.heappush(heap, (clocks[name], name))
             break
 

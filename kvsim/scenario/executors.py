@@ -31,7 +31,7 @@ def _summary(workload: Workload) -> dict:
 def run_plan(scenario: Scenario) -> dict:
     manager, workload = _setup(scenario)
     run = plan_run(manager, workload)
-    return plan_results(scenario, manager, run.records, run.violations)
+    return plan_results(scenario, manager, run.records, run.violations) | _summary(workload)
 
 
 def run_sim(scenario: Scenario, progress=None) -> dict:

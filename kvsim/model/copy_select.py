@@ -122,10 +122,15 @@ class CopySelector:
               aligned: bool = True, ctas: int | None = None) -> CopyEstimate:
         """Estimate for one batch of ``pages`` pages (all pools of the group) on ``path``, as
         this project's copier submits it (its per-batch costs counted once, with the first pool)."""
-        parts = [estimate(self.hw, CopyRequest(path, direction, int(sb), int(pages), ctas=ctas,
-                                               bidirectional=self.bidirectional, aligned=aligned,
-                                               via_copier=i == 0))
-                 for i, sb in enumerate(pool_slot_bytes)]
+        parts, seen = [], {}  # pools of one slot size price alike (all but the first's costs)
+        for i, sb in enumerate(pool_slot_bytes):
+            key = (int(sb), i == 0)
+            est = seen.get(key)
+            if est is None:
+                est = seen[key] = estimate(self.hw, CopyRequest(
+                    path, direction, int(sb), int(pages), ctas=ctas,
+                    bidirectional=self.bidirectional, aligned=aligned, via_copier=i == 0))
+            parts.append(est)
         adjust = 0.0
         if path == "ce-batch":  # one cudaMemcpyBatchAsync call for every pool, not one per pool
             adjust = -(len(parts) - 1) * self.hw.copy_engine.batch_call_host_us * 1e-6

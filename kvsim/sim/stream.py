@@ -47,6 +47,8 @@ class CopyStream:
         self.aligned = aligned
         self.records: list[CopyRecord] = []
         self._selector = None
+        self._requests: dict[tuple, list[CopyRequest]] = {}  # batch shape -> its requests
+        self._works: dict[CopyRequest, object] = {}  # request -> its device work
         self.disk = disk
         self.disk_link = None if disk is None else Link(env, disk.per_direction_gbps, MIXED_FACTOR)
         self._disk_queue: simpy.Store = simpy.Store(env)
@@ -60,7 +62,22 @@ class CopyStream:
     def requests_for(self, batch: CopyBatch) -> list[CopyRequest]:
         """How the batch is copied: one request for the whole page (KVCM2's paths), or -- with
         ``select``, the hardware executor's selector and copier -- one request per pool of the
-        group, run one after another, the copier's per-batch costs on the first."""
+        group, run one after another, the copier's per-batch costs on the first. A function of
+        the batch's shape (direction, pool slot sizes, pages), so it is computed once per shape."""
+        key = (batch.kind, batch.pool_slot_bytes, batch.num_pages)
+        reqs = self._requests.get(key)
+        if reqs is None:
+            reqs = self._requests[key] = self._requests_of(batch)
+        return reqs
+
+    def _work(self, req: CopyRequest):
+        """:func:`device_work` of ``req``, once per distinct request (a pure function of it)."""
+        work = self._works.get(req)
+        if work is None:
+            work = self._works[req] = device_work(self.hw, req)
+        return work
+
+    def _requests_of(self, batch: CopyBatch) -> list[CopyRequest]:
         path, ctas = self.path_for[batch.kind], self.ctas
         if path != "select":
             return [CopyRequest(path, batch.kind, batch.page_bytes, batch.num_pages, ctas,
@@ -107,7 +124,7 @@ class CopyStream:
                                 batch.page_bytes, batch.num_bytes, None, 0, self.env.now)
         else:
             req = self.requests_for(batch)[0]
-            work = device_work(self.hw, req)
+            work = self._work(req)
             record = CopyRecord(self.name, thread, api, batch.kind, req.path, batch.num_pages,
                                 batch.page_bytes, batch.num_bytes, work.ctas, work.sms,
                                 self.env.now)
@@ -136,7 +153,7 @@ class CopyStream:
             else:
                 idle = self.env.now - self._last_end
                 for req in self.requests_for(batch):
-                    work = device_work(self.hw, req)
+                    work = self._work(req)
                     if req.via_copier and idle * 1e3 >= self.hw.copier.idle_after_ms:
                         yield self.env.timeout(self.hw.copier.idle_wake_us[req.direction] * 1e-6)
                     if work.fixed_seconds:

@@ -351,3 +351,18 @@ def test_the_plan_executor_runs_the_engine_at_nominal_times(tmp_path):
         assert row["copy_wait_ms"] == 0.0  # copies land at once without a clock
         prefill_ms = times.prefill_seconds(row["new_tokens"], row["cached_tokens"]) * 1e3
         assert row["ttft_ms"] >= prefill_ms - 1e-5  # rows keep 1 ns
+
+
+def test_kvsim_run_reports_ttft_for_a_serving_scenario(tmp_path):
+    from kvsim.cli import main
+
+    sf_path = tmp_path / "s.yaml"
+    sf_path.write_text(SCENARIO.format(trace=TRACE, engine=engine_file(tmp_path), half=HALF,
+                                       sim="", extra="max_requests: 5",
+                                       levels="    - {name: gpu, quota_bytes: 2 GiB}"))
+    out = tmp_path / "run"
+    assert main(["run", str(sf_path), "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert report.startswith("# serving_test") and "## Serving" in report
+    assert "5 of 5 requests got their first token: TTFT p50" in report
+    assert (out / "ttft.png").stat().st_size > 0

@@ -366,3 +366,35 @@ def test_kvsim_run_reports_ttft_for_a_serving_scenario(tmp_path):
     assert report.startswith("# serving_test") and "## Serving" in report
     assert "5 of 5 requests got their first token: TTFT p50" in report
     assert (out / "ttft.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("extra,field,message", [
+    ("first_request: 99", r"workload\.first_request", "the trace has 16 requests"),
+    ("engine_times: nowhere.json", r"workload\.engine_times", "no file"),
+])
+def test_bad_serving_fields_are_refused_before_the_run(tmp_path, extra, field, message):
+    path = tmp_path / "s.yaml"
+    text = SCENARIO.format(trace=TRACE, engine=engine_file(tmp_path), half=HALF, sim="",
+                           extra=extra, levels="    - {name: gpu, quota_bytes: 2 GiB}")
+    if extra.startswith("engine_times"):
+        text = text.replace(f"  engine_times: {engine_file(tmp_path)}\n", "")
+    path.write_text(text)
+    with pytest.raises(ScenarioError, match=f"{field}.*{message}"):
+        load_scenario_file(path)
+
+
+def test_a_torch_forward_for_another_workload_is_refused(tmp_path):
+    path = tmp_path / "b.yaml"
+    path.write_text("name: b\nexecutor: hw\nhardware: h200-sxm\nhw: {copier: none, forward: torch}\n"
+                    "manager:\n  layers: [{slot_bytes: [8 KiB]}]\n  levels: [{name: gpu, "
+                    "quota_bytes: 1 MiB}]\nworkload: {kind: burst_resize, history_tokens: 64}\n")
+    with pytest.raises(ScenarioError, match=r"hw\.forward.*burst_resize"):
+        load_scenario_file(path)
+
+
+def test_kvsim_tiers_refuses_a_scenario_that_is_not_serving(capsys):
+    from kvsim.cli import main
+
+    assert main(["tiers", str(ROOT / "scenarios" / "seed" / "burst_resize.yaml"),
+                 "--host-tokens", "0,1M"]) == 2
+    assert "needs a serving workload" in capsys.readouterr().err

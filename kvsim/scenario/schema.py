@@ -452,6 +452,12 @@ def _check_serving(source: Source, config: ManagerConfig, workload: ServingWorkl
         load_engine_times(workload.engine_times, arch)
     except (ConfigError, ValueError) as e:
         raise source.error(("workload", "engine_times"), str(e)) from None
+    from kvsim.serving.engine import load_requests
+
+    try:
+        load_requests(workload)
+    except ConfigError as e:
+        raise source.error(("workload", "first_request"), str(e)) from None
 
 
 def _variants(doc: ScenarioDoc, source: Source) -> tuple[Variant, ...]:
@@ -520,6 +526,9 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
         workload = dataclasses.replace(workload, engine_times=_resolve(workload.engine_times,
                                                                         source))
     _check_workload(source, manager, workload)
+    if doc.hw.forward == "torch" and not isinstance(workload, ServingWorkload):
+        raise source.error(("hw", "forward"), "torch runs a serving engine's passes; this "
+                           f"workload is {workload.kind}")
     return Scenario(
         name=doc.name, description=doc.description, question=doc.question, seed=doc.seed,
         executor=doc.executor,

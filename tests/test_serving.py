@@ -398,3 +398,13 @@ def test_kvsim_tiers_refuses_a_scenario_that_is_not_serving(capsys):
     assert main(["tiers", str(ROOT / "scenarios" / "seed" / "burst_resize.yaml"),
                  "--host-tokens", "0,1M"]) == 2
     assert "needs a serving workload" in capsys.readouterr().err
+
+
+def test_overlapping_onboarding_with_prefill_shortens_ttft_and_copy_waits(tmp_path):
+    levels = "    - {name: gpu, quota_bytes: 400 MiB}\n    - {name: host, quota_bytes: 4 GiB}"
+    serial = execute(serving(tmp_path, levels=levels).base)["workload_summary"]
+    overlap = execute(serving(tmp_path, levels=levels, extra="overlap_onboarding: true",
+                              name="o.yaml").base)["workload_summary"]
+    assert overlap["onboarded_pages"]["host"] > 0
+    assert overlap["ttft_mean_ms"] < serial["ttft_mean_ms"]
+    assert overlap["copy_wait_s"] < serial["copy_wait_s"]  # the passes wait less for copies

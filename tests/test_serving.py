@@ -408,3 +408,42 @@ def test_overlapping_onboarding_with_prefill_shortens_ttft_and_copy_waits(tmp_pa
     assert overlap["onboarded_pages"]["host"] > 0
     assert overlap["ttft_mean_ms"] < serial["ttft_mean_ms"]
     assert overlap["copy_wait_s"] < serial["copy_wait_s"]  # the passes wait less for copies
+
+
+def test_a_cold_shape_term_is_added_once_per_new_prefill_shape(tmp_path):
+    path = engine_file(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["architectures"]["llama-3-8b"]["cold_shape_ms"] = 50.0
+    cold_path = tmp_path / "cold.json"
+    cold_path.write_text(json.dumps(doc))
+    times = load_engine_times(str(cold_path), LLAMA_3_8B)
+    assert times.prefill_seconds(1000, 0, cold=True) == pytest.approx(
+        times.prefill_seconds(1000, 0) + 0.050)
+    assert load_engine_times(str(path), LLAMA_3_8B).cold_shape_ms == 0.0  # absent: none
+    doc["architectures"]["llama-3-8b"]["cold_shape_ms"] = -1
+    cold_path.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="cold_shape_ms must be a number >= 0"):
+        load_engine_times(str(cold_path), LLAMA_3_8B)
+
+
+def test_the_ttft_judge_compares_like_with_like_and_marks_a_what_if(tmp_path):
+    """The judge on a simulated 'measurement': a prediction equal to it meets every target; a
+    prediction changed by an override is labelled a what-if and differs."""
+    from kvsim.calibration.ttft_judge import judge, markdown
+    from kvsim.report.results_dir import write_results
+    from kvsim.scenario.run import run_scenario
+
+    sf_path = tmp_path / "s.yaml"
+    sf_path.write_text(SCENARIO.format(trace=TRACE, engine=engine_file(tmp_path), half=HALF,
+                                       sim="", extra="max_requests: 8",
+                                       levels="    - {name: gpu, quota_bytes: 2 GiB}"))
+    write_results(run_scenario(load_scenario_file(sf_path)), tmp_path / "measured")
+    same = judge(str(sf_path), tmp_path / "measured")
+    assert same["met"] == same["judged"] == 2
+    doc = json.loads(engine_file(tmp_path).read_text())
+    doc["architectures"]["llama-3-8b"]["cold_shape_ms"] = 500.0  # every new shape +0.5 s
+    (tmp_path / "cold.json").write_text(json.dumps(doc))
+    slower = judge(str(sf_path), tmp_path / "measured",
+                   [f"workload.engine_times={tmp_path / 'cold.json'}"])
+    assert slower["met"] == 0 and "what-if" in markdown(slower)
+    assert all(v["predicted"] > v["measured"] for v in slower["runs"]["base"]["judged"].values())

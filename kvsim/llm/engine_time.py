@@ -14,6 +14,11 @@ on that GPU (``kvsim.calibration.engine_fit``; its ``source`` names the measurem
 A pass's time is ``layers x per layer + head``. Requests prefilled in one pass are priced one
 by one and summed (their kernels are not merged): the model is the measured single-sequence
 prefill, not a packed batch.
+
+An optional ``cold_shape_ms`` per architecture (absent: 0) is added to a prefill whose shape
+the engine has not run before in the process: the first run of a shape costs time the
+repeated-shape benchmark never sees (``reports/validation-h200/ttft/README.md``). No shipped
+engine file has it; a what-if file does.
 """
 
 from __future__ import annotations
@@ -50,20 +55,23 @@ class EngineTimes:
     prefill_terms: dict[str, float]
     decode_terms: dict[str, float]
     head_terms: dict[str, float]
+    cold_shape_ms: float = 0.0
 
     def _head_ms(self, tokens: int) -> float:
         h = self.head_terms
         return h["h0"] + h["h1_per_token"] * tokens if tokens else 0.0
 
-    def prefill_seconds(self, new: int, cached: int) -> float:
-        """One sequence's prefill: ``new`` tokens after ``cached`` ones, its last token's head."""
+    def prefill_seconds(self, new: int, cached: int, cold: bool = False) -> float:
+        """One sequence's prefill: ``new`` tokens after ``cached`` ones, its last token's head;
+        ``cold``: a shape the process has not run before (adds ``cold_shape_ms``)."""
         if new <= 0:
             return 0.0
         p, arch = self.prefill_terms, self.architecture
         per_layer = max(p["floor"], p["a"] + p["b_per_token"] * new
                         + p["d_per_pair"] * attended_pairs(new, cached, arch.sliding_window)
                         + p["e_per_cached"] * cached)
-        return (arch.layers * per_layer + self._head_ms(1)) * 1e-3
+        cold_ms = self.cold_shape_ms if cold else 0.0
+        return (arch.layers * per_layer + self._head_ms(1) + cold_ms) * 1e-3
 
     def decode_seconds(self, contexts: list[int]) -> float:
         """One decode step of sequences with these context lengths (each makes one token)."""
@@ -115,6 +123,10 @@ def load_engine_times(name_or_path: str, architecture: Architecture) -> EngineTi
             raise ConfigError(f"{path}: architectures.{architecture.name}.{block} lacks "
                               f"{', '.join(missing)}")
         terms[block] = {n: float(got[n]) for n in names}
+    cold = entry.get("cold_shape_ms", 0.0)
+    if isinstance(cold, bool) or not isinstance(cold, (int, float)) or cold < 0:
+        raise ConfigError(f"{path}: architectures.{architecture.name}.cold_shape_ms must be a "
+                          f"number >= 0, got {cold!r}")
     return EngineTimes(architecture, str(doc.get("gpu", path.stem)), str(doc.get("source", path)),
                        terms["prefill_per_layer_ms"], terms["decode_per_layer_ms"],
-                       terms["head_ms"])
+                       terms["head_ms"], float(cold))

@@ -137,6 +137,7 @@ class _Engine:
         self.m, self.spec, self.times, self.requests, self.stats = (manager, spec, times,
                                                                     requests, stats)
         self.commit_every = spec.decode_commit_tokens or tokens_per_block
+        self.shapes_run: set[tuple[int, int]] = set()  # (new, cached) prefilled so far
 
     def _call(self, phase: str, api: Api, r: _Request, invoke, **args) -> Call:
         """The call; after it ran, ``call.invoke.value`` and ``.plan`` are what it returned."""
@@ -259,8 +260,11 @@ class _Engine:
                 admitted.append(r)
             if not admitted and not running:
                 continue
-            prefill = sum(times.prefill_seconds(r.rec.new_tokens, r.rec.cached_tokens)
-                          for r in admitted)
+            prefill = 0.0
+            for r in admitted:
+                shape = (r.rec.new_tokens, r.rec.cached_tokens)
+                prefill += times.prefill_seconds(*shape, cold=shape not in self.shapes_run)
+                self.shapes_run.add(shape)
             decode = times.decode_seconds([r.context for r in running])
             layers = times.architecture.layers if spec.overlap_onboarding else 0
             t = yield GpuWork(prefill + decode, layers,

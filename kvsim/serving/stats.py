@@ -1,9 +1,11 @@
 """What a serving run measured: one record per request, and the run's totals.
 
-Times are the executor's seconds since the threads started. Per request: arrival, the engine
-pass that admitted it (``admitted``), when that pass's copies had landed (``copies_landed``:
-its onboarding, and whatever the copy stream held before it), its first token (the end of that
-pass: TTFT = ``first_token - arrival``) and its end. Tiers are
+Times are the executor's seconds since the threads started. Per request: arrival, when the
+engine began the admission round that took it (``admitted``; queue wait = ``admitted -
+arrival``), when that round's pass had its copies (``copies_landed``: copy wait = ``copies_landed
+- admitted``, which holds the admission calls, its onboarding, and whatever the copy stream held
+before it), its first token (the end of that pass: TTFT = ``first_token - arrival``) and its
+end. Tiers are
 the manager's levels by index (0 GPU, 1 host, 2 disk).
 """
 

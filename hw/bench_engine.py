@@ -52,17 +52,24 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timezone
 from typing import Any
 
 from hw.bench_copy import write_doc
-from hw.bench_prefill import GRID_CACHED, GRID_NEW, _layer, _mask, _rmsnorm
+from hw.bench_prefill import (
+    GRID_CACHED,
+    GRID_NEW,
+    _layer,
+    _mask,
+    _rmsnorm,
+    architecture_names,
+    provenance,
+    time_samples,
+)
 from kvsim.llm.architectures import ARCHITECTURES, Architecture
 
 SCHEMA = "kvsim-engine-bench/1"
@@ -235,21 +242,7 @@ def _time(torch: Any, fn: Callable[[], Any], cuda: bool, warmup: int, samples: i
         except Exception as e:  # noqa: BLE001 - eager instead, and the record says so
             torch.cuda.synchronize()
             how, call = f"eager (graph capture failed: {type(e).__name__}: {e})", fn
-    for _ in range(warmup):
-        call()
-    times, out = [], None
-    for _ in range(samples):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = call()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            out = call()
-            times.append((time.perf_counter() - t0) * 1e3)
+    times, out = time_samples(torch, call, cuda, warmup, samples)
     return times, out, how
 
 
@@ -378,10 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    names = [a for a in args.archs.split(",") if a]
-    unknown = [a for a in names if a not in ARCHITECTURES]
-    if unknown:
-        ap.error(f"--archs: unknown {unknown}; known: {', '.join(ARCHITECTURES)}")
+    names = architecture_names(ap, args.archs)
     modes = [m for m in args.modes.split(",") if m]
     if set(modes) - {"prefill", "decode", "head"}:
         ap.error(f"--modes: prefill, decode, head; got {args.modes}")
@@ -481,15 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         del eng
         if cuda:
             torch.cuda.empty_cache()
-    prov: dict[str, Any] = {"date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            "python": platform.python_version(), "torch": torch.__version__,
-                            "device": args.device}
-    if cuda:
-        from hw.bench_copy import nvml_snapshot
-
-        prov["gpu_name"] = torch.cuda.get_device_name(0)
-        prov["cuda"] = torch.version.cuda
-        prov["nvml"] = nvml_snapshot(torch.cuda.current_device())  # driver version, clocks, link
+    prov = provenance(torch, args.device)
     doc = {"schema": SCHEMA, "command": "python3 -m hw.bench_engine " + " ".join(argv or sys.argv[1:]),
            "method": (__doc__ or "").split("\n\n", 1)[1].split("\n\n    python3")[0],
            "provenance": prov, "tiny_scale": scale,

@@ -30,6 +30,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -90,6 +91,53 @@ def _mask(torch: Any, new: int, cached: int, window: int | None, device: str) ->
     return allowed
 
 
+def time_samples(torch: Any, call: Callable[[], Any], cuda: bool, warmup: int,
+                 samples: int) -> tuple[list[float], Any]:
+    """``warmup`` untimed calls, then ``samples`` timed ones: CUDA events around each on a GPU,
+    ``perf_counter`` on the CPU. Returns the times in ms and the last call's output."""
+    for _ in range(warmup):
+        call()
+    times, out = [], None
+    for _ in range(samples):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            out = call()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times, out
+
+
+def provenance(torch: Any, device: str) -> dict[str, Any]:
+    """Date, Python, PyTorch and device; on a GPU also its name, CUDA and the NVML snapshot
+    (driver version, clocks, link)."""
+    prov: dict[str, Any] = {"date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            "python": platform.python_version(), "torch": torch.__version__,
+                            "device": device}
+    if device.startswith("cuda"):
+        from hw.bench_copy import nvml_snapshot
+
+        prov["gpu_name"] = torch.cuda.get_device_name(0)
+        prov["cuda"] = torch.version.cuda
+        prov["nvml"] = nvml_snapshot(torch.cuda.current_device())
+    return prov
+
+
+def architecture_names(ap: argparse.ArgumentParser, text: str) -> list[str]:
+    """``--archs``: comma-separated names of kvsim.llm.architectures (an unknown one is the
+    parser's error)."""
+    names = [a for a in text.split(",") if a]
+    unknown = [a for a in names if a not in ARCHITECTURES]
+    if unknown:
+        ap.error(f"--archs: unknown {unknown}; known: {', '.join(ARCHITECTURES)}")
+    return names
+
+
 def measure_point(torch: Any, layers: list[dict], arch: Architecture, new: int, cached: int,
                   device: str, dtype: Any, warmup: int, samples: int, scale: int) -> dict:
     lw = layers[0]
@@ -108,23 +156,7 @@ def measure_point(torch: Any, layers: list[dict], arch: Architecture, new: int, 
             x = _forward(torch, lw_, x, k_, v_, mask)
         return x
 
-    cuda = device.startswith("cuda")
-    for _ in range(warmup):
-        run()
-    times = []
-    out = None
-    for _ in range(samples):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            out = run()
-            times.append((time.perf_counter() - t0) * 1e3)
+    times, out = time_samples(torch, run, device.startswith("cuda"), warmup, samples)
     ok = tuple(out.shape) == (new, h) and bool(torch.isfinite(out.float()).all())
     med = statistics.median(times)
     return {"arch": arch.name, "new": new, "cached": cached, "layers": len(layers),
@@ -145,10 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    names = [a for a in args.archs.split(",") if a]
-    unknown = [a for a in names if a not in ARCHITECTURES]
-    if unknown:
-        ap.error(f"--archs: unknown {unknown}; known: {', '.join(ARCHITECTURES)}")
+    names = architecture_names(ap, args.archs)
     scale = 16 if args.tiny else 1
     grid_new, grid_cached = (TINY_NEW, TINY_CACHED) if args.tiny else (GRID_NEW, GRID_CACHED)
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
@@ -174,15 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         del layers
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    prov: dict[str, Any] = {"date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                            "python": platform.python_version(), "torch": torch.__version__,
-                            "device": args.device}
-    if args.device.startswith("cuda"):
-        from hw.bench_copy import nvml_snapshot
-
-        prov["gpu_name"] = torch.cuda.get_device_name(0)
-        prov["cuda"] = torch.version.cuda
-        prov["nvml"] = nvml_snapshot(torch.cuda.current_device())  # driver version, clocks, link
+    prov = provenance(torch, args.device)
     doc = {"schema": SCHEMA, "command": "python3 -m hw.bench_prefill " + " ".join(argv or sys.argv[1:]),
            "method": (__doc__ or "").split("\n\n", 1)[1].split("\n\n    python3")[0],
            "provenance": prov, "tiny_scale": scale,

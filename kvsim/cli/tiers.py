@@ -10,6 +10,7 @@ from pathlib import Path
 
 from kvsim.cli.replay_cache import parse_capacities
 from kvsim.errors import KvsimError
+from kvsim.sweep.cli import add_backend_options, backend_problem
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -42,10 +43,7 @@ def add_parser(sub) -> None:
     p.add_argument("--drives", type=int, default=1, help="drives striped together (default 1)")
     p.add_argument("--hardware", type=parse_names, default=[], metavar="NAME[,NAME...]",
                    help="hardware presets (their CPU-GPU links; default: the scenario's)")
-    p.add_argument("--backend", choices=("local", "dask"), default="local",
-                   help="where the points run: local processes (default) or a Dask cluster")
-    p.add_argument("--workers", type=int, help="worker processes (default: CPU count)")
-    p.add_argument("--scheduler", metavar="ADDRESS", help="dask: an existing scheduler")
+    add_backend_options(p)
     p.add_argument("--out", help="output directory (default reports/tiers/<scenario name>)")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(func=run)
@@ -53,11 +51,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.quiet else (lambda m: print(f"kvsim tiers: {m}", file=sys.stderr))
-    if args.drives < 1 or (args.workers is not None and args.workers < 1):
-        print("kvsim tiers: --drives and --workers must be >= 1", file=sys.stderr)
-        return 2
-    if args.scheduler and args.backend != "dask":
-        print("kvsim tiers: --scheduler needs --backend dask", file=sys.stderr)
+    problem = "--drives must be >= 1" if args.drives < 1 else backend_problem(args)
+    if problem:
+        print(f"kvsim tiers: {problem}", file=sys.stderr)
         return 2
     try:
         from kvsim.output_dir import open_output_dir

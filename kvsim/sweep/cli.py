@@ -9,6 +9,24 @@ from pathlib import Path
 from kvsim.errors import KvsimError
 
 
+def add_backend_options(p: argparse.ArgumentParser) -> None:
+    """--backend, --workers, --scheduler: where a sweep's points run (kvsim sweep, kvsim tiers)."""
+    p.add_argument("--backend", choices=("local", "dask"), default="local",
+                   help="where the points run: local processes (default) or a Dask cluster")
+    p.add_argument("--workers", type=int, help="worker processes (default: CPU count)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="dask: an existing scheduler (default: a LocalCluster)")
+
+
+def backend_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the backend options, or None."""
+    if args.workers is not None and args.workers < 1:
+        return "--workers must be >= 1"
+    if args.scheduler and args.backend != "dask":
+        return "--scheduler needs --backend dask"
+    return None
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run a scenario over a grid of parameters into one table",
                        description="Run SCENARIO once per point of a parameter grid (or a sample "
@@ -25,11 +43,7 @@ def add_parser(sub) -> None:
                    help="grid (every point; default without --sample), random or lhs "
                         "(default with --sample)")
     p.add_argument("--seed", type=int, help="sweep seed (default: the sweep block's, else 0)")
-    p.add_argument("--backend", choices=("local", "dask"), default="local",
-                   help="where the points run: local processes (default) or a Dask cluster")
-    p.add_argument("--workers", type=int, help="worker processes (default: CPU count)")
-    p.add_argument("--scheduler", metavar="ADDRESS",
-                   help="dask: an existing scheduler (default: a LocalCluster)")
+    add_backend_options(p)
     p.add_argument("--out", help="output directory (default reports/sweeps/<scenario name>)")
     p.add_argument("--csv", action="store_true",
                    help="also print the table as CSV on stdout (results.csv is always written)")
@@ -54,11 +68,9 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     say = (lambda m: None) if args.quiet else (lambda m: print(f"kvsim sweep: {m}", file=sys.stderr))
-    if args.workers is not None and args.workers < 1:
-        print("kvsim sweep: --workers must be >= 1", file=sys.stderr)
-        return 2
-    if args.scheduler and args.backend != "dask":
-        print("kvsim sweep: --scheduler needs --backend dask", file=sys.stderr)
+    problem = backend_problem(args)
+    if problem:
+        print(f"kvsim sweep: {problem}", file=sys.stderr)
         return 2
     try:
         from kvsim.sweep.runner import run_sweep

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +38,7 @@ import numpy as np
 
 from kvsim.calibration.cpu_fit import relative_nnls
 from kvsim.calibration.packed import read_json
-from kvsim.calibration.prefill_fit import TARGET_MEDIAN_APE_PCT, pairs, role
+from kvsim.calibration.prefill_fit import TARGET_MEDIAN_APE_PCT, pairs, role, role_errors
 
 ENGINE_SCHEMA = "kvsim-engine-times/1"
 SIGNIFICANT = 6  # digits kept in the written terms: byte-stable across numeric libraries
@@ -101,16 +100,6 @@ def fit_max_linear(X: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.r_[p[0], p[1:] / s]
 
 
-def _stats(points: list[dict]) -> dict:
-    out = {}
-    for which in ("fit", "judge"):
-        apes = [abs(p["error_pct"]) for p in points if p["role"] == which]
-        out[which] = {"points": len(apes),
-                      "median_ape_pct": statistics.median(apes) if apes else None,
-                      "worst_ape_pct": max(apes) if apes else None}
-    return out
-
-
 def _judge(rows: list[dict], keys: tuple[str, ...], grid: dict, measured: str,
            predict: Callable[[dict], float]) -> list[dict]:
     pts = []
@@ -137,7 +126,7 @@ def _fit_mode(rows: list[dict], grid: dict, keys: tuple[str, str], feats: Callab
     p = np.array([_round(v) for v in p])
     points = _judge(rows, keys, grid, "per_layer_ms",
                     lambda r: float(max_linear(p, np.array([feats(r)]))[0]))
-    return {"terms": dict(zip(names, map(float, p))), "errors": _stats(points), "points": points}
+    return {"terms": dict(zip(names, map(float, p))), "errors": role_errors(points), "points": points}
 
 
 def _fit_head(rows: list[dict], grid: dict) -> dict:
@@ -149,7 +138,7 @@ def _fit_head(rows: list[dict], grid: dict) -> dict:
                       [r["median_ms"] for r in fit_rows])
     h0, h1 = _round(h[0]), _round(h[1])
     points = _judge(rows, ("tokens",), grid, "median_ms", lambda r: h0 + h1 * r["tokens"])
-    return {"terms": {"h0": h0, "h1_per_token": h1}, "errors": _stats(points), "points": points}
+    return {"terms": {"h0": h0, "h1_per_token": h1}, "errors": role_errors(points), "points": points}
 
 
 def fit(measurement: dict) -> dict:

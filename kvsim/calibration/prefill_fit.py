@@ -79,6 +79,18 @@ def _fit_floor(fit_rows: list[dict]) -> np.ndarray:
     return res.x
 
 
+def role_errors(points: list[dict]) -> dict:
+    """Per role (``fit``, ``judge``): the number of points, the median and the worst absolute
+    ``error_pct``."""
+    out = {}
+    for which in ("fit", "judge"):
+        apes = [abs(p["error_pct"]) for p in points if p["role"] == which]
+        out[which] = {"points": len(apes),
+                      "median_ape_pct": statistics.median(apes) if apes else None,
+                      "worst_ape_pct": max(apes) if apes else None}
+    return out
+
+
 def fit(measurement: dict, model: str = "linear") -> dict:
     """Per architecture: the fitted terms (ms), and the fit and held-out errors. ``model``:
     ``linear`` (call 1's protocol, the module doc) or ``floor`` (:func:`floor_model`, call 2's:
@@ -115,12 +127,7 @@ def fit(measurement: dict, model: str = "linear") -> dict:
                            "role": role(r["new"], r["cached"], gn, gc),
                            "measured_ms": r["per_layer_ms"], "predicted_ms": pred,
                            "error_pct": (pred / r["per_layer_ms"] - 1) * 100})
-        stats = {}
-        for which in ("fit", "judge"):
-            apes = [abs(p["error_pct"]) for p in points if p["role"] == which]
-            stats[which] = {"points": len(apes),
-                            "median_ape_pct": statistics.median(apes) if apes else None,
-                            "worst_ape_pct": max(apes) if apes else None}
+        stats = role_errors(points)
         terms = (dict(zip(("floor_ms", "a_ms", "b_ms_per_token", "d_ms_per_pair", "e_ms_per_cached"),
                           map(float, coef))) if model == "floor" else
                  {"a_ms": float(coef[0]), "b_ms_per_token": float(coef[1]),

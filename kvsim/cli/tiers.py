@@ -60,17 +60,17 @@ def run(args: argparse.Namespace) -> int:
         from kvsim.sweep.runner import run_sweep
         from kvsim.sweep.tiers import median_prompt_tokens, plan_of, tier_sweep, write_tier_report
 
-        name = plan_of(args.scenario).name
-        out = open_output_dir(Path(args.out) if args.out else Path("reports") / "tiers" / name,
+        plan = plan_of(args.scenario)
+        out = open_output_dir(Path(args.out) if args.out else Path("reports") / "tiers" / plan.name,
                               "--out" if args.out else "the tiers directory")
-        sweep, plan = tier_sweep(args.scenario, out, args.host_tokens, args.disk_tokens,
-                                 args.hardware, args.disk, args.drives)
+        sweep = tier_sweep(plan, out, args.host_tokens, args.disk_tokens, args.hardware,
+                           args.disk, args.drives)
         t0 = time.perf_counter()
         outcome = run_sweep(sweep, out, args.backend, args.workers, args.scheduler,
                             progress=say, report=False)
         wall = time.perf_counter() - t0
         report = write_tier_report(outcome.table, outcome.out_dir, plan,
-                                   median_prompt_tokens(args.scenario), wall)
+                                   median_prompt_tokens(plan), wall)
     except (KvsimError, ImportError) as e:
         print(f"kvsim tiers: {e}", file=sys.stderr)
         return 2

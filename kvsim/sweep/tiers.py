@@ -22,15 +22,16 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvsim.errors import KvsimError
 from kvsim.llm.architectures import Architecture
 from kvsim.llm.engine_time import load_engine_times
+from kvsim.scenario.schema import Scenario
 from kvsim.scenario.source import load_yaml
 from kvsim.serving.engine import serving_architecture
-from kvsim.sweep.spec import Part, Sweep, load_sweep_scenario
+from kvsim.sweep.spec import Part, Sweep, content_hash, load_sweep_scenario
 
 KNEE_PCT = 2.0  # "within 2 % of the best": the tier past which more buys little
 
@@ -47,9 +48,12 @@ class TierPlan:
     bytes_per_token: int
     gpu_tokens: int
     engine_times: str
+    scenario: Scenario = field(compare=False, repr=False)  # the file, parsed
+    data: dict = field(compare=False, repr=False)  # the file as loaded (no sweep: block)
 
 
 def plan_of(scenario_file: str) -> TierPlan:
+    """The serving scenario, loaded and checked once, and what the sweep needs of it."""
     sf, _ = load_sweep_scenario(scenario_file)
     sc = sf.base
     if sc.workload.kind != "serving":
@@ -60,7 +64,7 @@ def plan_of(scenario_file: str) -> TierPlan:
     arch = serving_architecture(sc.workload)
     return TierPlan(scenario_file, sc.name, arch, arch.kv_bytes_per_token,
                     sc.manager.levels[0].quota_bytes // arch.kv_bytes_per_token,
-                    sc.workload.engine_times)
+                    sc.workload.engine_times, sc, sf.data)
 
 
 def _derived(plan: TierPlan, host: int, disk: int, out: Path) -> str:
@@ -69,10 +73,7 @@ def _derived(plan: TierPlan, host: int, disk: int, out: Path) -> str:
     its path. The sweep's points name these files, so a re-run resumes."""
     import yaml
 
-    data, _ = load_yaml(plan.scenario_file)
-    data = dict(data)
-    data.pop("sweep", None)
-    sc = load_sweep_scenario(plan.scenario_file)[0].base
+    data, sc = dict(plan.data), plan.scenario
     folder = out / "scenarios"
     folder.mkdir(exist_ok=True)
 
@@ -98,15 +99,14 @@ def _derived(plan: TierPlan, host: int, disk: int, out: Path) -> str:
     return str(path)
 
 
-def tier_sweep(scenario_file: str, out: Path, host_tokens: list[int], disk_tokens: list[int],
-               hardware: list[str], disks: list[str], drives: int = 1) -> tuple[Sweep, TierPlan]:
+def tier_sweep(plan: TierPlan, out: Path, host_tokens: list[int], disk_tokens: list[int],
+               hardware: list[str], disks: list[str], drives: int = 1) -> Sweep:
     """The sweep of every (host, disk) size with every hardware preset (and disk drive); the
     scenario files it runs are written into ``out`` (a kvsim output directory)."""
-    plan = plan_of(scenario_file)
     if any(disk_tokens) and not disks:
         raise TierError("--disk-tokens other than 0 needs --disk (a drive preset)")
     if not hardware:
-        hardware = [load_sweep_scenario(scenario_file)[0].base.hardware]
+        hardware = [plan.scenario.hardware]
     combos = [(h, 0) for h in host_tokens if 0 in disk_tokens]
     combos += [(h, d) for h in host_tokens if h for d in disk_tokens if d]
     if not combos:
@@ -120,8 +120,9 @@ def tier_sweep(scenario_file: str, out: Path, host_tokens: list[int], disk_token
         if disk:
             params += (("sim.disk", tuple(disks)),)
             fixed = (f"sim.disk_drives={drives}",)
-        parts.append(Part(path, plan.name, load_sweep_scenario(path)[1], params, fixed=fixed))
-    return Sweep(f"tiers-{plan.name}", 0, tuple(parts), scenario_file), plan
+        # the point's identity hashes the file's content, as kvsim.sweep.spec does when it runs
+        parts.append(Part(path, plan.name, content_hash(load_yaml(path)[0]), params, fixed=fixed))
+    return Sweep(f"tiers-{plan.name}", 0, tuple(parts), plan.scenario_file)
 
 
 # -- the report -------------------------------------------------------------------------------------
@@ -293,10 +294,9 @@ def _point_seconds(table) -> float:
     return float(sum(w for w in table["wall_s"] if w == w and w is not None))
 
 
-def median_prompt_tokens(scenario_file: str) -> int:
+def median_prompt_tokens(plan: TierPlan) -> int:
     from kvsim.serving.engine import load_requests
 
-    sf, _ = load_sweep_scenario(scenario_file)
-    reqs = load_requests(sf.base.workload)
+    reqs = load_requests(plan.scenario.workload)
     return int(statistics.median(r.input_length for r in reqs))
 

@@ -372,9 +372,10 @@ def _resolve(value: str, source: Source) -> str:
     return str(path)
 
 
-def _trace(workload: Any, source: Source) -> Any:
+def _trace(workload: Any, source: Source) -> tuple[Any, Any]:
     """A trace path relative to the scenario file (absolute paths as given): it must be a file
-    and read cleanly, so a bad line is reported before the run starts."""
+    and read cleanly, so a bad line is reported before the run starts. Returns the workload
+    with the resolved path, and the trace as read (for the checks that need it)."""
     from kvsim.traces.mooncake import load_mooncake
     from kvsim.traces.op_trace import load_op_trace
 
@@ -388,10 +389,10 @@ def _trace(workload: Any, source: Source) -> Any:
         raise source.error(where, f"not a file: {path}")
     load = (load_op_trace if isinstance(workload, OpTraceWorkload) else load_mooncake)
     try:
-        load(str(path), workload.skip_bad_lines)
+        trace = load(str(path), workload.skip_bad_lines)
     except ConfigError as e:
         raise source.error(where, str(e)) from None
-    return dataclasses.replace(workload, trace=str(path))
+    return dataclasses.replace(workload, trace=str(path)), trace
 
 
 def _check_burst(source: Source, path: PathKey, config: ManagerConfig,
@@ -428,17 +429,19 @@ def _check_burst(source: Source, path: PathKey, config: ManagerConfig,
                            f"at most {wanted}")
 
 
-def _check_workload(source: Source, config: ManagerConfig, workload: Any) -> None:
-    """Rules that need both the manager configuration and the workload."""
+def _check_workload(source: Source, config: ManagerConfig, workload: Any, trace: Any) -> None:
+    """Rules that need both the manager configuration and the workload (and its trace, read
+    by :func:`_trace`, or None)."""
     if isinstance(workload, BurstResizeWorkload):
         _check_burst(source, ("workload",), config, workload)
     elif isinstance(workload, ConcurrentProbeWorkload):  # seed_concurrency is one too
         _check_burst(source, ("workload", "background"), config, workload.background)
     elif isinstance(workload, ServingWorkload):
-        _check_serving(source, config, workload)
+        _check_serving(source, config, workload, trace)
 
 
-def _check_serving(source: Source, config: ManagerConfig, workload: ServingWorkload) -> None:
+def _check_serving(source: Source, config: ManagerConfig, workload: ServingWorkload,
+                   trace: Any) -> None:
     """The manager holds the architecture's KV cache; the engine times exist for it."""
     from kvsim.llm.engine_time import load_engine_times
     from kvsim.serving.engine import check_layout, serving_architecture
@@ -455,7 +458,7 @@ def _check_serving(source: Source, config: ManagerConfig, workload: ServingWorkl
     from kvsim.serving.engine import load_requests
 
     try:
-        load_requests(workload)
+        load_requests(workload, trace)
     except ConfigError as e:
         raise source.error(("workload", "first_request"), str(e)) from None
 
@@ -519,13 +522,13 @@ def parse_scenario(data: Any, source: Source) -> Scenario:
         if len(manager.levels) < 3:
             raise source.error(("sim", "disk"), f"a disk is given but manager.levels has "
                                f"{len(manager.levels)} levels; the disk is level 3 (gpu, host, disk)")
-    workload = doc.workload
+    workload, trace = doc.workload, None
     if isinstance(workload, (MooncakeReplayWorkload, OpTraceWorkload, ServingWorkload)):
-        workload = _trace(workload, source)
+        workload, trace = _trace(workload, source)
     if isinstance(workload, ServingWorkload) and workload.engine_times.endswith(".json"):
         workload = dataclasses.replace(workload, engine_times=_resolve(workload.engine_times,
                                                                         source))
-    _check_workload(source, manager, workload)
+    _check_workload(source, manager, workload, trace)
     if doc.hw.forward == "torch" and not isinstance(workload, ServingWorkload):
         raise source.error(("hw", "forward"), "torch runs a serving engine's passes; this "
                            f"workload is {workload.kind}")

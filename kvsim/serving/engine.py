@@ -313,23 +313,17 @@ def serving_architecture(spec: ServingWorkload) -> Architecture:
     return arch if spec.layers is None else dataclasses.replace(arch, layers=spec.layers)
 
 
-def build(config: ManagerConfig, spec: ServingWorkload, manager: KVCacheManager, seed: int = 0,
-          trace: MooncakeTrace | None = None) -> tuple[Workload, ServingStats]:
-    """The engine's workload and the statistics it fills in. ``seed`` is unused (the trace fixes
-    every request)."""
+def workload(config: ManagerConfig, spec: ServingWorkload, manager: KVCacheManager,
+             seed: int = 0) -> Workload:
+    """The engine's workload; its ``summary`` is what the engine measured
+    (:meth:`ServingStats.summary`). ``seed`` is unused (the trace fixes every request)."""
     arch = serving_architecture(spec)
     check_layout(config, arch)
     times = load_engine_times(spec.engine_times, arch)
     stats = ServingStats()
-    engine = _Engine(manager, spec, times, load_requests(spec, trace), stats,
-                     config.tokens_per_block)
+    engine = _Engine(manager, spec, times, load_requests(spec), stats, config.tokens_per_block)
     return Workload(setup=(), make_threads=lambda: {ENGINE_THREAD: engine.run()},
-                    summary=stats.summary), stats
+                    summary=stats.summary)
 
 
-def workload(config: ManagerConfig, spec: ServingWorkload, manager: KVCacheManager,
-             seed: int = 0) -> Workload:
-    return build(config, spec, manager, seed)[0]
-
-
-__all__ = ["ENGINE_THREAD", "ServingWorkload", "build", "check_layout", "workload"]
+__all__ = ["ENGINE_THREAD", "ServingWorkload", "check_layout", "workload"]

@@ -13,7 +13,11 @@ projection, RMSNorm, SwiGLU MLP; no rotary embedding, no tensor-parallel all-red
   into the buffer's tail and attends over the whole buffer, without copying or repeating KV
   heads: full attention by ``scaled_dot_product_attention(attn_mask=causal_lower_right(new,
   cached + new), enable_gqa=True)`` (PyTorch dispatches it to the flash kernel, which skips the
-  masked blocks, or to the memory-efficient one); a sliding window by ``flex_attention``,
+  masked blocks, or to the memory-efficient one; with nothing cached the mask is the ordinary
+  causal one and the dispatcher may pick cuDNN, which builds a kernel per new sequence length),
+  or, with ``--prefill-attention flash``, PyTorch's flash kernel for every prefill (the aten
+  op the lower-right mask dispatches to, ``is_causal`` meaning lower right); a sliding window by
+  ``flex_attention``,
   compiled, with a block mask of the window (``--window-kernel flex``; with ``none`` windowed
   architectures are left out of prefill). Eager, as engines run prefill.
 * decode step: ``batch`` sequences of ``context`` cached tokens, one new token each. Each
@@ -28,7 +32,10 @@ projection, RMSNorm, SwiGLU MLP; no rotary embedding, no tensor-parallel all-red
 
 How it is timed: CUDA events around one forward (prefill) or one replay (decode, head), after
 ``warmup`` untimed ones; ``samples`` timed, median reported, every sample kept; per-layer time =
-median / ``layers``. What is checked: every output has its expected shape and is finite; per
+median / ``layers``. The first call of each point is timed apart (``first_ms``, CUDA events;
+``first_call_s``, the host clock to its end) and a prefill point says whether its new-token
+count had run before in the process (``new_seen_before``): a shape's first run against its warm
+runs. What is checked: every output has its expected shape and is finite; per
 architecture, the engine attention equals an explicit masked reference (``hw.bench_prefill``'s
 boolean mask, KV heads repeated) on one small point, to bf16 tolerance. Which kernels ran: the
 PyTorch profiler's operator and CUDA kernel names of one prefill and one decode forward per
@@ -43,9 +50,10 @@ buffers (2 x layers x batch x S x KV heads x head size x 2 bytes) exceed
     python3 -m hw.bench_engine --out DIR --device cpu --tiny   # a smoke test without a GPU
                                                                # (hw.bench_engine.tiny: its shapes)
 
-Writes ``DIR/<YYYY-MM-DD>-engine.json``. The grids are fixed here (:data:`GRID_NEW`,
-:data:`GRID_CACHED`, :data:`GRID_BATCH`, :data:`GRID_CONTEXT`, :data:`GRID_HEAD_TOKENS`), the
-fit/judge split in :func:`kvsim.calibration.engine_fit.point_role`.
+Writes ``DIR/<YYYY-MM-DD>-engine.json``. The grids are fixed here (``--grid call3``:
+:data:`GRID_NEW`, :data:`GRID_CACHED`; ``--grid call4``: :data:`GRID_NEW_CALL4`,
+:data:`GRID_CACHED_CALL4`; both :data:`GRID_BATCH`, :data:`GRID_CONTEXT`,
+:data:`GRID_HEAD_TOKENS`), the fit/judge split in :func:`kvsim.calibration.engine_fit.point_role`.
 """
 
 from __future__ import annotations
@@ -78,6 +86,12 @@ SCHEMA = "kvsim-engine-bench/1"
 # 256 sequences (issue 24: an engine's decode batch) at contexts of 512 to 32K tokens.
 # LM head: the token counts of a decode step's batch, 1 (one prefill's last token) to 256.
 GRID_BATCH = (1, 4, 16, 64, 256)
+# Call 4's prefill grid (issue 24, reports/validation-h200/ttft/PROTOCOL-4.md): the TTFT slice's
+# prompts run to 191,378 tokens and its prefills to 76,331 new after up to 76,288 cached
+# (reports/validation-h200/ttft/measured-3/), past call 3's 8192 x 32768. Each new-token count is
+# a power of two, so a bucket of every kvsim.llm.engine_time.bucket_list with min 64, multiple 64.
+GRID_NEW_CALL4 = (128, 512, 2048, 8192, 32768, 131072)
+GRID_CACHED_CALL4 = (0, 4096, 16384, 65536)
 GRID_CONTEXT = (512, 2048, 8192, 32768)
 GRID_HEAD_TOKENS = (1, 8, 32, 128, 256)
 # Tiny grids: 3 x 3, enough points for every fit's terms; prefill token counts multiples of
@@ -176,6 +190,14 @@ class _Flex:
         return lambda q, k, v: self._attend(q, k, v, block_mask=bm, enable_gqa=True)
 
 
+def _flash_lower_right(torch: Any) -> Callable[[Any, Any, Any], Any]:
+    """PyTorch's flash kernel, causal aligned to the lower right (the aten op is what
+    ``causal_lower_right`` dispatches to when flash can run; its ``is_causal`` means lower
+    right), for every prefill: no dispatcher choice, no per-length kernel build."""
+    op = torch.ops.aten._scaled_dot_product_flash_attention
+    return lambda q, k, v: op(q, k, v, 0.0, True, False)[0]
+
+
 def _sdpa_lower_right(torch: Any, new: int, cached: int) -> Callable[[Any, Any, Any], Any]:
     from torch.nn.attention.bias import causal_lower_right
 
@@ -258,7 +280,7 @@ class Engine:
     """One architecture's random-weight layers and LM head on ``device``."""
 
     def __init__(self, torch: Any, arch: Architecture, n_layers: int, device: str, dtype: Any,
-                 window_kernel: str) -> None:
+                 window_kernel: str, prefill_attention: str = "default") -> None:
         self.torch, self.arch, self.device, self.dtype = torch, arch, device, dtype
         self.cuda = device.startswith("cuda")
         self.layers = [_layer(torch, arch, device, dtype) for _ in range(n_layers)]
@@ -269,12 +291,19 @@ class Engine:
         window = arch.sliding_window
         self.flex = (_Flex(torch, window, device) if window is not None and window_kernel == "flex"
                      else None)
-        self.prefill_kernel = ("sdpa-causal-lower-right" if window is None else
+        if prefill_attention not in ("default", "flash"):
+            raise ValueError(f"prefill_attention must be default or flash, got {prefill_attention!r}")
+        # flash is pinned on CUDA only (the CPU has no such kernel: a smoke run keeps the SDPA path)
+        self.flash = (_flash_lower_right(torch) if window is None and self.cuda
+                      and prefill_attention == "flash" else None)
+        self.prefill_kernel = ("flash-lower-right" if self.flash is not None else
+                               "sdpa-causal-lower-right" if window is None else
                                "flex-attention-window" if self.flex else None)
 
     def attend_for(self, new: int, cached: int) -> Callable[[Any, Any, Any], Any]:
-        return (self.flex.for_point(new, cached) if self.flex is not None
-                else _sdpa_lower_right(self.torch, new, cached))
+        if self.flex is not None:
+            return self.flex.for_point(new, cached)
+        return self.flash if self.flash is not None else _sdpa_lower_right(self.torch, new, cached)
 
     def prefill_inputs(self, new: int, cached: int) -> tuple[Any, list[Any], list[Any]]:
         torch, lw = self.torch, self.layers[0]
@@ -341,10 +370,12 @@ class Engine:
 
 
 def _record(mode: str, arch: str, key: dict, times: list[float], layers: int | None, ok: bool,
-            how: str, kernel: str | None, first_call_s: float) -> dict:
+            how: str, kernel: str | None, first_call_s: float, first_ms: float | None = None) -> dict:
     med = statistics.median(times)
     r = {"mode": mode, "arch": arch, **key, "samples_ms": times, "median_ms": med,
          "verified": ok, "run": how, "first_call_s": round(first_call_s, 3)}
+    if first_ms is not None:
+        r["first_ms"] = first_ms
     if layers is not None:
         r["layers"] = layers
         r["per_layer_ms"] = med / layers
@@ -363,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="prefill,decode,head")
     ap.add_argument("--window-kernel", default="flex", choices=("flex", "none"),
                     help="prefill of a sliding-window architecture: compiled flex_attention, or none")
+    ap.add_argument("--prefill-attention", default="default", choices=("default", "flash"),
+                    help="full-attention prefill: SDPA's dispatcher (call 3), or the flash kernel pinned")
+    ap.add_argument("--grid", default="call3", choices=("call3", "call4"),
+                    help="the prefill grid: call 3's (new <= 8192, cached <= 32768) or call 4's")
     ap.add_argument("--no-graph", action="store_true", help="decode and head eager, not graph-replayed")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true",
@@ -380,8 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     scale = 16 if args.tiny else 1
     grids = ({"new": TINY_NEW, "cached": TINY_CACHED, "batch": TINY_BATCH,
               "context": TINY_CONTEXT, "head_tokens": TINY_HEAD_TOKENS} if args.tiny else
-             {"new": GRID_NEW, "cached": GRID_CACHED, "batch": GRID_BATCH,
-              "context": GRID_CONTEXT, "head_tokens": GRID_HEAD_TOKENS})
+             {"new": GRID_NEW_CALL4 if args.grid == "call4" else GRID_NEW,
+              "cached": GRID_CACHED_CALL4 if args.grid == "call4" else GRID_CACHED,
+              "batch": GRID_BATCH, "context": GRID_CONTEXT, "head_tokens": GRID_HEAD_TOKENS})
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     graph = cuda and not args.no_graph
@@ -395,16 +431,25 @@ def main(argv: list[str] | None = None) -> int:
     checks: dict[str, dict] = {}
 
     def point(label: str, mode: str, eng: Engine, key: dict, make: Callable[[], Callable[[], Any]],
-              shape: tuple[int, ...], layers: int | None, use_graph: bool, kernel: str | None) -> None:
+              shape: tuple[int, ...], layers: int | None, use_graph: bool, kernel: str | None,
+              extra: dict | None = None) -> None:
         if time.perf_counter() - t0 > args.budget_s:
             skipped.append(label)
             return
+        first_ms = None
         try:
             fn = make()
-            f0 = time.perf_counter()
-            out = fn()
             if cuda:
                 torch.cuda.synchronize()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            f0 = time.perf_counter()
+            if cuda:
+                e0.record()
+            out = fn()
+            if cuda:
+                e1.record()
+                torch.cuda.synchronize()
+                first_ms = e0.elapsed_time(e1)
             first = time.perf_counter() - f0
             times, out2, how = _time(torch, fn, cuda, args.warmup, args.samples, use_graph)
             ok = _finite(torch, out, shape) and _finite(torch, out2, shape)
@@ -414,7 +459,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if cuda:
                 torch.cuda.empty_cache()
-        r = _record(mode, eng.arch.name, key, times, layers, ok, how, kernel, first)
+        r = _record(mode, eng.arch.name, key, times, layers, ok, how, kernel, first, first_ms)
+        r.update(extra or {})
         records.append(r)
         shown = r.get("per_layer_ms", r["median_ms"])
         print(f"{label:50}: {shown:9.4f} ms{'/layer' if layers else ''} [{how[:10]}]"
@@ -423,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     run_archs = {n: tiny(ARCHITECTURES[n], scale) if args.tiny else ARCHITECTURES[n] for n in names}
     for name in names:
         arch = run_archs[name]
-        eng = Engine(torch, arch, args.layers, args.device, dtype, args.window_kernel)
+        eng = Engine(torch, arch, args.layers, args.device, dtype, args.window_kernel,
+                     args.prefill_attention)
         nl = len(eng.layers)
         backends[name] = {}
         if "prefill" in modes and eng.prefill_kernel is None:
@@ -433,18 +480,22 @@ def main(argv: list[str] | None = None) -> int:
                 checks[name] = eng.check_attention()
             except Exception as e:  # noqa: BLE001 - reported; the points still run
                 checks[name] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            seen_new: set[int] = set()
             for cached in grids["cached"]:
                 for new in grids["new"]:
                     point(f"{name} prefill new={new} cached={cached}", "prefill", eng,
                           {"new": new, "cached": cached},
                           lambda n=new, c=cached, e=eng: e.prefill_fn(n, c), (new, eng.hidden), nl,
-                          False, eng.prefill_kernel)
-            try:
-                prof = _profile(torch, eng.prefill_fn(grids["new"][0], grids["cached"][-1]), cuda)
-            except Exception as e:  # noqa: BLE001
-                prof = {"names": [], "error": f"{type(e).__name__}: {e}"}
-            prof["backend"] = _backend(prof["names"], eng.flex is not None)
-            backends[name]["prefill"] = prof
+                          False, eng.prefill_kernel, {"new_seen_before": new in seen_new})
+                    seen_new.add(new)
+            # the kernels of a prefill after the longest cache, and of one with nothing cached
+            for key, cached in (("prefill", grids["cached"][-1]), ("prefill_uncached", 0)):
+                try:
+                    prof = _profile(torch, eng.prefill_fn(grids["new"][0], cached), cuda)
+                except Exception as e:  # noqa: BLE001
+                    prof = {"names": [], "error": f"{type(e).__name__}: {e}"}
+                prof["backend"] = _backend(prof["names"], eng.flex is not None)
+                backends[name][key] = prof
         if "decode" in modes:
             for context in grids["context"]:
                 for batch in grids["batch"]:
@@ -479,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
            "grid": {k: list(v) for k, v in grids.items()},
            "config": {"layers": args.layers, "warmup": args.warmup, "samples": args.samples,
                       "dtype": str(dtype), "modes": modes, "window_kernel": args.window_kernel,
+                      "prefill_attention": args.prefill_attention, "grid": args.grid,
                       "graph": graph, "decode_kv_budget_bytes": DECODE_KV_BUDGET_BYTES},
            "backend": backends, "attention_check": checks,
            "records": records, "problems": problems, "skipped_for_time": skipped,

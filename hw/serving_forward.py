@@ -12,11 +12,24 @@ and an idle H200 lowers its clocks) or ``spin`` (every SM spins that long,
 :func:`hw.gpu_clocks.keep_busy`, as a real decode step would keep the GPU busy). Before each
 pass's prefills the SM clock is read (NVML), kept per pass.
 
-The cached tokens' K/V come from one buffer per layer, preallocated at the longest prompt and
-filled with random values once (their values do not change the time). What is checked: every
-pass's output is finite (once per pass, on its last request). Timed: the executor's clock
-around the whole pass (:class:`~kvsim.runtime.steps.GpuTimes`); the prefill part also with CUDA
-events, kept in :meth:`TorchForward.summary`.
+Bounded shapes (call 4 of the TTFT validation): where the engine-times file has
+``prefill_buckets`` (:mod:`kvsim.llm.engine_time`), a prefill of ``new`` tokens runs
+``times.padded_new(new)`` tokens: the pad tokens after the real ones are projected, attend
+(causally: the real tokens never see them) and go through the MLP as real tokens would, and the
+LM head reads the last real token; :meth:`TorchForward.warm_up` first runs every bucket up to the
+longest prompt's (one layer each: the layers' shapes are the same), so the run meets no new
+matrix shape. Where the file says ``prefill_attention: flash``, every full-attention prefill runs
+PyTorch's flash kernel (``hw.bench_engine``'s ``--prefill-attention flash``), not the SDPA
+dispatcher's choice: with nothing cached the dispatcher is free to pick cuDNN, which builds an
+execution plan for every new sequence length (the inferred cause of calls 1-3's first-run cost:
+``reports/validation-h200/ttft/PROTOCOL-4.md``).
+The simulator prices the padded count with the same file.
+
+The cached tokens' K/V come from one buffer per layer, preallocated at the longest prompt (plus
+the widest pad) and filled with random values once (their values do not change the time). What
+is checked: every pass's output is finite (once per pass, on its last request). Timed: the
+executor's clock around the whole pass (:class:`~kvsim.runtime.steps.GpuTimes`); the prefill
+part also with CUDA events, kept in :meth:`TorchForward.summary`.
 """
 
 from __future__ import annotations
@@ -49,6 +62,17 @@ class _SmClock:
             return None
 
 
+def _pads(buckets: tuple[int, ...], max_tokens: int):
+    """(new, bucket) of the widest pad below each bucket up to ``max_tokens``: one token past the
+    bucket before (the pad of ``new`` is at most ``bucket - new``)."""
+    prev = 0
+    for b in buckets:
+        if prev >= max_tokens:
+            break
+        yield prev + 1, b
+        prev = b
+
+
 class TorchForward:
     def __init__(self, arch: Architecture, times: EngineTimes, device: str,
                  max_tokens: int, decode_wait: str = "sleep") -> None:
@@ -59,31 +83,39 @@ class TorchForward:
         self.torch, self.times, self.device, self.decode_wait = torch, times, device, decode_wait
         self._clock = _SmClock(int(device.split(":")[-1]))
         torch.cuda.set_device(device)
-        self.engine = Engine(torch, arch, arch.layers, device, torch.bfloat16, "flex")
+        self.engine = Engine(torch, arch, arch.layers, device, torch.bfloat16, "flex",
+                             times.prefill_attention)
         lw = self.engine.layers[0]
         g = torch.Generator(device=device).manual_seed(11)
-        shape = (max_tokens, lw["nkv"], lw["hd"])
+        # a prefill after `cached` tokens writes its padded count: room for the largest pad
+        pad_room = max((b - n for n, b in _pads(times.prefill_buckets, max_tokens)), default=0)
+        shape = (max_tokens + pad_room, lw["nkv"], lw["hd"])
         self.kbuf = [_randn(torch, g, shape, device, torch.bfloat16) for _ in self.engine.layers]
         self.vbuf = [_randn(torch, g, shape, device, torch.bfloat16) for _ in self.engine.layers]
-        self.x = _randn(torch, g, (max_tokens, arch.hidden), device, torch.bfloat16)
+        self.x = _randn(torch, g, (max_tokens + pad_room, arch.hidden), device, torch.bfloat16)
         self.max_tokens = max_tokens
+        self.pad_room = pad_room
+        self.padded_tokens = 0  # pad tokens run in the measured passes
         self.prefill_ms: list[float] = []  # CUDA-event time of each pass's prefills
         self.pass_prefills: list[list] = []  # per pass with prefills: [(new, cached), ...]
         self.pass_clock_mhz: list[int | None] = []  # SM clock just before those prefills
         self.passes = 0
         self.not_finite = 0
 
-    def _prefill(self, new: int, cached: int):
-        total = cached + new
-        if total > self.max_tokens:
+    def _prefill(self, new: int, cached: int, layers: int | None = None):
+        """One prefill of ``new`` tokens (run padded to its bucket) after ``cached``; the LM head
+        on the last real token. ``layers``: the first N layers only (the warm-up's)."""
+        if cached + new > self.max_tokens:
             raise ValueError(f"a prefill of {new} after {cached} tokens exceeds the "
                              f"{self.max_tokens}-token buffers")
+        run = self.times.padded_new(new)
+        total = cached + run
         eng = self.engine
-        attend = eng.attend_for(new, cached)
-        x = self.x[:new]
-        for lw, k, v in zip(eng.layers, self.kbuf, self.vbuf):
+        attend = eng.attend_for(run, cached)
+        x = self.x[:run]
+        for lw, k, v in list(zip(eng.layers, self.kbuf, self.vbuf))[:layers]:
             x = _prefill_forward(self.torch, lw, x, k[:total], v[:total], cached, attend)
-        return _rmsnorm(self.torch, x[-1:]) @ eng.head_w
+        return _rmsnorm(self.torch, x[new - 1:new]) @ eng.head_w
 
     def run(self, work) -> None:
         """One pass: the prefills for real, then the decode step's modelled seconds."""
@@ -95,6 +127,7 @@ class TorchForward:
             out = None
             for new, cached in work.prefills:
                 out = self._prefill(new, cached)
+                self.padded_tokens += self.times.padded_new(new) - new
             end.record()
             end.synchronize()
             self.prefill_ms.append(start.elapsed_time(end))
@@ -110,12 +143,34 @@ class TorchForward:
         elif decode > 0:
             time.sleep(decode)
 
-    def warm_up(self, shapes=((128, 0), (2048, 0), (2048, 4096), (8192, 8192))) -> None:
-        """Kernel selection and allocator warm-up before the measured threads start."""
+    WARM_SHAPES = ((128, 0), (2048, 0), (2048, 4096), (8192, 8192))
+    # with buckets: small buckets also after a cache (the flash kernel's split-KV variant runs
+    # for few queries over many keys), with a key count off the kernel's 128-token block
+    WARM_CACHED = (4096 + 32, 32768 + 32)
+    WARM_CACHED_UP_TO = 2048
+
+    def warm_up(self, shapes=WARM_SHAPES) -> None:
+        """Kernel selection and allocator warm-up before the measured threads start. With
+        buckets: every bucket up to the longest prompt's, one layer each, nothing cached (the
+        bucket's matrix shapes and allocations; the full-length forwards' cost is the largest
+        bucket's layer); buckets up to :data:`WARM_CACHED_UP_TO` also after each of
+        :data:`WARM_CACHED`; then ``shapes`` through every layer."""
+        t0 = time.perf_counter()
+        self.warmed_buckets = 0
+        for b in self.times.prefill_buckets:
+            if b > self.times.padded_new(self.max_tokens):
+                break
+            self._prefill(min(b, self.max_tokens), 0, layers=1)
+            self.warmed_buckets += 1
+            if b <= self.WARM_CACHED_UP_TO:
+                for cached in self.WARM_CACHED:
+                    if cached + b <= self.max_tokens:
+                        self._prefill(b, cached, layers=1)
         for new, cached in shapes:
             if new + cached <= self.max_tokens:
                 self._prefill(new, cached)
         self.torch.cuda.synchronize()
+        self.warm_up_s = time.perf_counter() - t0
 
     def summary(self) -> dict:
         return {"passes": self.passes, "passes_with_prefill": len(self.prefill_ms),
@@ -123,6 +178,11 @@ class TorchForward:
                 "decode": f"modelled, not run ({self.decode_wait})",
                 "layers": len(self.engine.layers),
                 "buffer_tokens": self.max_tokens,
+                "prefill_attention": self.engine.prefill_kernel,
+                "buckets": len(self.times.prefill_buckets),
+                "warmed_buckets": getattr(self, "warmed_buckets", None),
+                "warm_up_s": round(getattr(self, "warm_up_s", 0.0), 3),
+                "padded_tokens": self.padded_tokens,
                 "per_pass": {"prefills": self.pass_prefills,
                              "prefill_ms": [round(t, 4) for t in self.prefill_ms],
                              "sm_clock_mhz": self.pass_clock_mhz}}

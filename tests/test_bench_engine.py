@@ -137,11 +137,11 @@ def test_engine_file_refuses_an_architecture_without_every_mode():
         engine_fit.engine_doc(engine_fit.fit(meas), "h200-sxm", "s", "c")
 
 
-def _run_tiny(tmp_path, device: str) -> dict:
+def _run_tiny(tmp_path, device: str, *extra: str) -> dict:
     from hw.bench_engine import main
 
     assert main(["--out", str(tmp_path), "--tiny", "--device", device, "--samples", "2",
-                 "--warmup", "1"]) == 0
+                 "--warmup", "1", *extra]) == 0
     (path,) = tmp_path.glob("*-engine.json")
     return json.loads(path.read_text())
 
@@ -154,7 +154,11 @@ def _assert_complete(doc: dict) -> None:
              for m in ("prefill", "decode", "head")}
         assert n == {"prefill": 9, "decode": 9, "head": 3}, (name, n)
         assert doc["attention_check"][name]["ok"], doc["attention_check"][name]
-        assert set(doc["backend"][name]) == {"prefill", "decode"}
+        assert set(doc["backend"][name]) == {"prefill", "prefill_uncached", "decode"}
+    prefill = [r for r in recs if r["mode"] == "prefill"]
+    # every prefill point says whether its new-token count had run before: 3 new counts, each
+    # first seen at the first cached value
+    assert sum(not r["new_seen_before"] for r in prefill) == 3 * len(ARCHITECTURES)
     assert all(len(r["samples_ms"]) == 2 and r["median_ms"] > 0 for r in recs)
     assert doc["architectures"]["llama-3-8b"]["head_dim"] == 128  # tiny keeps the head size
     assert doc["architectures"]["llama-3-8b"]["hidden"] == 4096 // 16
@@ -183,3 +187,72 @@ def test_tiny_engine_run_on_the_gpu(tmp_path):
     for name in ("llama-3-8b", "llama-3-70b-tp8"):
         assert doc["backend"][name]["prefill"]["backend"] in ("flash", "efficient", "cudnn")
     assert doc["backend"]["mistral-7b-v0.1"]["prefill"]["backend"] == "flex"
+    assert all("first_ms" in r for r in doc["records"])  # every point's first run, timed apart
+
+
+@pytest.mark.gpu
+def test_tiny_engine_run_on_the_gpu_with_flash_pinned(tmp_path):
+    """--prefill-attention flash: every full-attention prefill on the flash kernel, with or
+    without a cache, and the attention check (against the explicit mask) still passes."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device for PyTorch")
+    doc = _run_tiny(tmp_path, "cuda", "--prefill-attention", "flash")
+    _assert_complete(doc)
+    assert doc["config"]["prefill_attention"] == "flash"
+    for name in ("llama-3-8b", "llama-3-70b-tp8"):
+        for key in ("prefill", "prefill_uncached"):
+            assert doc["backend"][name][key]["backend"] == "flash", (name, key)
+        assert {r["attention"] for r in doc["records"]
+                if r["arch"] == name and r["mode"] == "prefill"} == {"flash-lower-right"}
+
+
+def test_the_call4_grid_reaches_the_ttft_slices_prefills_on_bucket_counts():
+    from hw.bench_engine import GRID_CACHED_CALL4, GRID_NEW_CALL4
+    from kvsim.llm.engine_time import bucket_list
+
+    # the TTFT slice (call 3's runs): prefills up to 76,331 new and 76,288 cached tokens
+    assert max(GRID_NEW_CALL4) >= 76331 and max(GRID_CACHED_CALL4) >= 65536
+    assert set(GRID_NEW_CALL4) <= set(bucket_list(64, 64, 8, 262144))
+    grid = {"new": GRID_NEW_CALL4, "cached": GRID_CACHED_CALL4}
+    roles = [engine_fit.point_role({"new": n, "cached": c}, ("new", "cached"), grid)
+             for n in GRID_NEW_CALL4 for c in GRID_CACHED_CALL4]
+    assert roles.count("fit") == roles.count("judge") == 12
+
+
+def test_the_engine_file_carries_the_kernel_and_the_bucket_rule(tmp_path):
+    meas = _synthetic()
+    meas["config"] = {"prefill_attention": "flash"}
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps(meas))
+    e = tmp_path / "e.json"
+    assert engine_fit.main([str(m), "--engine", str(e), "--prefill-buckets", "64,64,8,262144"]) == 0
+    doc = json.loads(e.read_text())
+    assert doc["prefill_attention"] == "flash"
+    assert doc["prefill_buckets"] == {"min": 64, "multiple": 64, "steps_per_doubling": 8,
+                                      "max": 262144}
+    from kvsim.llm.architectures import LLAMA_3_8B
+    from kvsim.llm.engine_time import load_engine_times
+
+    doc["architectures"] = {"llama-3-8b": doc["architectures"]["m"]}
+    e.write_text(json.dumps(doc))
+    times = load_engine_times(str(e), LLAMA_3_8B)
+    assert times.prefill_attention == "flash" and times.padded_new(1000) == 1024
+    with pytest.raises(SystemExit):
+        engine_fit.main([str(m), "--engine", str(e), "--prefill-buckets", "64,64,8"])
+
+
+def test_first_runs_are_split_by_whether_the_new_count_had_run():
+    recs = [{"mode": "prefill", "new": 128, "cached": 0, "first_ms": 60.0, "median_ms": 1.0,
+             "new_seen_before": False},
+            {"mode": "prefill", "new": 128, "cached": 4096, "first_ms": 2.5, "median_ms": 2.0,
+             "new_seen_before": True},
+            {"mode": "prefill", "new": 512, "cached": 0, "first_ms": 41.0, "median_ms": 1.0,
+             "new_seen_before": False},
+            {"mode": "decode", "batch": 1, "context": 512, "first_ms": 9.0, "median_ms": 1.0}]
+    out = engine_fit.first_runs(recs)
+    assert out["new_count_first_seen"]["points"] == 2
+    assert out["new_count_first_seen"]["median_extra_ms"] == pytest.approx(49.5)
+    assert out["new_count_first_seen"]["max_extra_ms"] == pytest.approx(59.0)
+    assert out["new_count_seen_before"]["median_extra_ms"] == pytest.approx(0.5)
+    assert engine_fit.first_runs([{k: v for k, v in recs[0].items() if k != "first_ms"}]) == {}

@@ -447,3 +447,72 @@ def test_the_ttft_judge_compares_like_with_like_and_marks_a_what_if(tmp_path):
                    [f"workload.engine_times={tmp_path / 'cold.json'}"])
     assert slower["met"] == 0 and "what-if" in markdown(slower)
     assert all(v["predicted"] > v["measured"] for v in slower["runs"]["base"]["judged"].values())
+
+
+# Call 4 of the TTFT validation: an engine that pads its prefills to buckets and pins its kernel.
+BUCKETS = {"min": 64, "multiple": 64, "steps_per_doubling": 8, "max": 262144}
+
+
+def test_bucket_list_is_geometric_rounded_up_and_ends_at_or_past_its_max():
+    from kvsim.llm.engine_time import bucket_list
+
+    b = bucket_list(**{"min_tokens": 64, "multiple": 64, "steps_per_doubling": 8,
+                       "max_tokens": 262144})
+    assert b[:9] == (64, 128, 192, 256, 320, 384, 448, 512, 576)  # 64 x 2^(k/8), up to 64s
+    assert list(b) == sorted(set(b)) and all(v % 64 == 0 for v in b)
+    assert b[-1] == 262144 and b[-2] < 262144
+    for j in range(6, 19):  # every power of two from 64 is a bucket (the call-4 grid's counts)
+        assert 2 ** j in b
+    steps = [hi / lo for lo, hi in zip(b, b[1:]) if lo >= 1024]
+    assert max(steps) < 2 ** (1 / 8) * 1.06  # a pad is at most ~9 % past 1024 tokens
+    assert bucket_list(100, 64, 1, 300) == (128, 256, 448)  # 100, 200, 400 rounded up
+    with pytest.raises(ValueError, match=">= 1"):
+        bucket_list(64, 0, 8, 1000)
+
+
+def _bucketed(tmp_path, rule=BUCKETS, attention="flash") -> Path:
+    doc = json.loads(engine_file(tmp_path).read_text())
+    doc["prefill_buckets"] = rule
+    doc["prefill_attention"] = attention
+    path = tmp_path / "bucketed.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_a_bucketed_engine_prices_a_prefill_at_its_padded_count(tmp_path):
+    plain = load_engine_times(str(engine_file(tmp_path)), LLAMA_3_8B)
+    padded = load_engine_times(str(_bucketed(tmp_path)), LLAMA_3_8B)
+    assert plain.prefill_buckets == () and plain.prefill_attention == "default"
+    assert padded.prefill_attention == "flash"
+    assert [padded.padded_new(n) for n in (1, 64, 65, 600, 1024, 1025, 262144)] == \
+        [64, 64, 128, 640, 1024, 1152, 262144]
+    assert padded.padded_new(0) == 0 and padded.padded_new(300000) == 300000  # past the last
+    assert plain.padded_new(1025) == 1025
+    for new, cached in ((1025, 0), (300, 4096), (70000, 5000)):
+        assert padded.prefill_seconds(new, cached) == pytest.approx(
+            plain.prefill_seconds(padded.padded_new(new), cached))
+        assert padded.prefill_seconds(new, cached) > plain.prefill_seconds(new, cached)
+    assert padded.decode_seconds([1000, 3000]) == plain.decode_seconds([1000, 3000])
+
+
+@pytest.mark.parametrize("rule,attention,message", [
+    ({"min": 64, "multiple": 64, "steps_per_doubling": 8}, "flash", "prefill_buckets must be"),
+    ({**BUCKETS, "max": 1.5}, "flash", "prefill_buckets must be"),
+    ({**BUCKETS, "multiple": 0}, "flash", ">= 1"),
+    (BUCKETS, "cudnn", "prefill_attention must be one of default, flash"),
+])
+def test_bad_bucket_rules_and_kernels_are_refused(tmp_path, rule, attention, message):
+    with pytest.raises(ConfigError, match=message):
+        load_engine_times(str(_bucketed(tmp_path, rule, attention)), LLAMA_3_8B)
+
+
+def test_a_serving_run_with_buckets_spends_the_padded_prefill_time(tmp_path):
+    plain = execute(serving(tmp_path).base)["workload_summary"]
+    path = tmp_path / "b.yaml"
+    path.write_text(SCENARIO.format(trace=TRACE, engine=_bucketed(tmp_path), half=HALF, sim="",
+                                    extra="", levels="    - {name: gpu, quota_bytes: 2 GiB}\n"
+                                    "    - {name: host, quota_bytes: 4 GiB}"))
+    padded = execute(load_scenario_file(path).base)["workload_summary"]
+    assert padded["requests"] == plain["requests"]
+    assert padded["prefill_s"] > plain["prefill_s"]
+    assert padded["ttft_mean_ms"] > plain["ttft_mean_ms"]

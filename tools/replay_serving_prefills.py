@@ -10,8 +10,12 @@ prefills, as in the run. Writes ``{"config", "passes": [{"prefills", "run_ms", "
 PyTorch starts) and with ``--warm-max`` (one prefill at the run's longest prompt first, so the
 caching allocator holds segments as large as any later pass needs).
 
+``--engine-times FILE`` replays with another engine-times file than the run's (its
+``prefill_attention`` and ``prefill_buckets`` change what runs: call 4's engine on call 3's
+passes; ``model_ms`` is that file's price).
+
     python3 tools/replay_serving_prefills.py RESULTS.json[.xz] --out FILE.json [--warm-max]
-        [--passes N] [--repeat K]
+        [--passes N] [--repeat K] [--engine-times FILE]
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=1,
                     help="replay the sequence this many times in one process (the later rounds "
                          "meet every shape a second time); each round's times are kept")
+    ap.add_argument("--engine-times", default=None,
+                    help="an engine-times file to run and price with instead of the run's")
     args = ap.parse_args(argv)
 
     import dataclasses
@@ -50,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
     arch = architecture(w["architecture"])
     if w.get("layers"):
         arch = dataclasses.replace(arch, layers=w["layers"])
-    times = load_engine_times(w.get("engine_times", "h200-sxm"), arch)
+    engine_times = args.engine_times or w.get("engine_times", "h200-sxm")
+    times = load_engine_times(engine_times, arch)
     per_pass = res["hw"]["forward"]["per_pass"]
     passes = list(zip(per_pass["prefills"], per_pass["prefill_ms"]))[: args.passes]
     longest = res["hw"]["forward"]["buffer_tokens"]
@@ -74,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             row[key] = start.elapsed_time(end)
     doc = {"config": {"results": args.results, "warm_max": args.warm_max,
                       "PYTORCH_CUDA_ALLOC_CONF": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                      "engine_times": engine_times, "prefill_attention": fwd.engine.prefill_kernel,
+                      "buckets": len(times.prefill_buckets),
+                      "warm_up_s": round(getattr(fwd, "warm_up_s", 0.0), 3),
                       "torch": torch.__version__, "gpu": torch.cuda.get_device_name(0),
                       "timing": "CUDA events around each pass's prefills, passes back to back"},
            "passes": out}

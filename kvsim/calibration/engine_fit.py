@@ -22,7 +22,14 @@ non-negative least squares of the linear part; the head by relative non-negative
 Target (issue 24): held-out median absolute error <= 5 % per architecture, prefill and decode.
 The written terms are rounded to 6 significant digits; every error is of the rounded terms.
 
+The engine-times file also carries, where the measurement has them, the prefill attention kernel
+it was measured on (``prefill_attention``, from the bench's ``--prefill-attention``) and, with
+``--prefill-buckets MIN,MULTIPLE,STEPS,MAX``, the bucket rule of an engine that pads its prefills
+(:func:`kvsim.llm.engine_time.bucket_list`). Not judged, reported: each prefill point's first run
+against its warm median (:func:`first_runs`).
+
     python -m kvsim.calibration.engine_fit MEASUREMENT.json[.xz] [--out FIT.json] [--engine ENGINE.json]
+        [--prefill-buckets MIN,MULTIPLE,STEPS,MAX]
 """
 
 from __future__ import annotations
@@ -141,6 +148,24 @@ def _fit_head(rows: list[dict], grid: dict) -> dict:
     return {"terms": {"h0": h0, "h1_per_token": h1}, "errors": role_errors(points), "points": points}
 
 
+def first_runs(records: list[dict]) -> dict:
+    """Prefill points' first call against their warm median (ms, the whole forward), split by
+    whether the point's new-token count had run before in the process: median and max of
+    ``first_ms - median_ms``, and the points. Empty where the bench did not time first runs."""
+    out: dict[str, Any] = {}
+    for seen, key in ((False, "new_count_first_seen"), (True, "new_count_seen_before")):
+        rows = [r for r in records if r["mode"] == "prefill" and "first_ms" in r
+                and r.get("new_seen_before") is seen]
+        if not rows:
+            continue
+        extra = [r["first_ms"] - r["median_ms"] for r in rows]
+        out[key] = {"points": len(rows), "median_extra_ms": float(np.median(extra)),
+                    "max_extra_ms": float(max(extra)),
+                    "by_point": [{"new": r["new"], "cached": r["cached"], "first_ms": r["first_ms"],
+                                  "median_ms": r["median_ms"]} for r in rows]}
+    return out
+
+
 def fit(measurement: dict) -> dict:
     """Per architecture and mode: the fitted terms (ms), the fit and held-out errors, every point."""
     g = measurement["grid"]
@@ -168,6 +193,9 @@ def fit(measurement: dict) -> dict:
                 ("floor", "a", "b_per_sequence", "e_per_context_token"))
         if by_mode["head"]:
             entry["head"] = _fit_head(by_mode["head"], grid)
+        runs = first_runs(recs)
+        if runs:
+            entry["prefill_first_run"] = runs
         for m in ("prefill", "decode"):
             med = entry.get(m, {}).get("errors", {}).get("judge", {}).get("median_ape_pct")
             entry[f"{m}_met"] = med is not None and med <= TARGET_MEDIAN_APE_PCT
@@ -183,9 +211,11 @@ def source_line(measurement: dict, path: str) -> str:
             f"driver {driver}, torch {prov.get('torch', 'unknown')})")
 
 
-def engine_doc(result: dict, gpu: str, source: str, command: str) -> dict:
+def engine_doc(result: dict, gpu: str, source: str, command: str,
+               prefill_attention: str | None = None, prefill_buckets: dict | None = None) -> dict:
     """The engine-times document (schema ``kvsim-engine-times/1``) of a :func:`fit` result with
-    all three modes for every architecture."""
+    all three modes for every architecture; ``prefill_attention`` and ``prefill_buckets``
+    (:mod:`kvsim.llm.engine_time`) written where given."""
     archs = {}
     for name, e in result["architectures"].items():
         missing = [m for m in ("prefill", "decode", "head") if m not in e]
@@ -199,8 +229,27 @@ def engine_doc(result: dict, gpu: str, source: str, command: str) -> dict:
                 "prefill_median_ape_pct": round(e["prefill"]["errors"]["judge"]["median_ape_pct"], 3),
                 "decode_median_ape_pct": round(e["decode"]["errors"]["judge"]["median_ape_pct"], 3),
                 "prefill_met": e["prefill_met"], "decode_met": e["decode_met"]}}
-    return {"schema": ENGINE_SCHEMA, "gpu": gpu, "source": source, "fit": command,
-            "architectures": archs}
+    doc = {"schema": ENGINE_SCHEMA, "gpu": gpu, "source": source, "fit": command,
+           "architectures": archs}
+    if prefill_attention is not None:
+        doc["prefill_attention"] = prefill_attention
+    if prefill_buckets is not None:
+        doc["prefill_buckets"] = prefill_buckets
+    return doc
+
+
+def parse_buckets(text: str) -> dict:
+    """``MIN,MULTIPLE,STEPS,MAX`` -> the engine-times file's ``prefill_buckets`` rule (checked by
+    building its list)."""
+    from kvsim.llm.engine_time import BUCKET_KEYS, bucket_list
+
+    parts = text.split(",")
+    if len(parts) != len(BUCKET_KEYS) or not all(p.strip().isdigit() for p in parts):
+        raise ValueError(f"--prefill-buckets takes {','.join(k.upper() for k in BUCKET_KEYS)}, "
+                         f"four integers; got {text!r}")
+    rule = dict(zip(BUCKET_KEYS, (int(p) for p in parts)))
+    bucket_list(*rule.values())
+    return rule
 
 
 def dumps(doc: dict) -> str:
@@ -214,7 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="the fit with every point (JSON)")
     ap.add_argument("--engine", default=None, help="the engine-times file to write")
     ap.add_argument("--gpu", default="h200-sxm", help="the engine-times file's gpu name")
+    ap.add_argument("--prefill-buckets", default=None, metavar="MIN,MULTIPLE,STEPS,MAX",
+                    help="write this prefill bucket rule into the engine-times file")
     args = ap.parse_args(argv)
+    try:
+        buckets = parse_buckets(args.prefill_buckets) if args.prefill_buckets else None
+    except ValueError as e:
+        ap.error(str(e))
     measurement = read_json(Path(args.measurement))
     result = fit(measurement)
     for name, e in result["architectures"].items():
@@ -228,12 +283,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:18} {m:7} fit {f['points']} pts median {f['median_ape_pct']:.2f} %, "
                   f"worst {f['worst_ape_pct']:.2f} %; held out {j['points']} pts median "
                   f"{j['median_ape_pct']:.2f} %, worst {j['worst_ape_pct']:.2f} %{verdict}")
+        for key, v in e.get("prefill_first_run", {}).items():
+            print(f"{name:18} first run, {key}: {v['points']} pts, extra over the warm median "
+                  f"{v['median_extra_ms']:.2f} ms (median), {v['max_extra_ms']:.2f} ms (max)")
     command = "python -m kvsim.calibration.engine_fit " + " ".join(argv or sys.argv[1:])
     if args.out:
         Path(args.out).write_text(dumps({**result, "source": source_line(measurement, args.measurement),
                                          "fit": command}))
     if args.engine:
-        doc = engine_doc(result, args.gpu, source_line(measurement, args.measurement), command)
+        doc = engine_doc(result, args.gpu, source_line(measurement, args.measurement), command,
+                         measurement.get("config", {}).get("prefill_attention"), buckets)
         Path(args.engine).parent.mkdir(parents=True, exist_ok=True)
         Path(args.engine).write_text(dumps(doc))
     return 0

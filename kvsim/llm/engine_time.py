@@ -19,11 +19,27 @@ An optional ``cold_shape_ms`` per architecture (absent: 0) is added to a prefill
 the engine has not run before in the process: the first run of a shape costs time the
 repeated-shape benchmark never sees (``reports/validation-h200/ttft/README.md``). No shipped
 engine file has it; a what-if file does.
+
+Optional, for an engine that bounds its prefill shapes (absent: none; no shipped file has them):
+
+* ``prefill_buckets`` ``{"min", "multiple", "steps_per_doubling", "max"}``: the engine pads a
+  prefill's new tokens up to the smallest bucket that holds them (:func:`bucket_list`: ``min``
+  x 2^(k / ``steps_per_doubling``), k = 0, 1, ..., each rounded up to a multiple of ``multiple``,
+  up to the first at or past ``max``; more new tokens than the largest bucket: not padded). The
+  pad tokens are computed as real ones (projections, MLP, attention over the cache and the
+  tokens before them), so a prefill is priced at its padded count (:meth:`EngineTimes.padded_new`).
+  ``hw.serving_forward`` pads the same way and runs every bucket once before a run, so a run
+  meets no prefill shape it has not run.
+* ``prefill_attention``: the attention kernel the prefill terms were measured on and the hardware
+  engine runs (``flash``: PyTorch's flash kernel for every full-attention prefill; ``default``:
+  PyTorch's dispatcher, which picks cuDNN for a prefill with nothing cached on the H200, a kernel
+  built once per new sequence length).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +48,28 @@ from kvsim.llm.architectures import Architecture
 
 SCHEMA = "kvsim-engine-times/1"
 ENGINES_DIR = Path(__file__).resolve().parent / "engines"
+PREFILL_ATTENTION = ("default", "flash")
+BUCKET_KEYS = ("min", "multiple", "steps_per_doubling", "max")
+# Largest bucket rule accepted: one over MAX_SEQUENCE_TOKENS is pointless, and the list stays short.
+MAX_BUCKET_TOKENS = 1 << 22
+
+
+def bucket_list(min_tokens: int, multiple: int, steps_per_doubling: int, max_tokens: int) -> tuple[int, ...]:
+    """The padded prefill lengths: ``min_tokens x 2^(k / steps_per_doubling)`` for k = 0, 1, ...,
+    each rounded up to a multiple of ``multiple``, duplicates dropped, up to and including the
+    first at or past ``max_tokens``."""
+    if min(min_tokens, multiple, steps_per_doubling, max_tokens) < 1:
+        raise ValueError("prefill_buckets: every field must be >= 1")
+    if max_tokens > MAX_BUCKET_TOKENS:
+        raise ValueError(f"prefill_buckets: max must be <= {MAX_BUCKET_TOKENS}")
+    out: list[int] = []
+    k = 0
+    while not out or out[-1] < max_tokens:
+        v = multiple * math.ceil(min_tokens * 2 ** (k / steps_per_doubling) / multiple)
+        if not out or v > out[-1]:
+            out.append(v)
+        k += 1
+    return tuple(out)
 
 
 def attended_pairs(new: int, cached: int, window: int | None) -> int:
@@ -56,16 +94,35 @@ class EngineTimes:
     decode_terms: dict[str, float]
     head_terms: dict[str, float]
     cold_shape_ms: float = 0.0
+    prefill_buckets: tuple[int, ...] = ()  # padded prefill lengths (empty: no padding)
+    prefill_attention: str = "default"
+
+    def padded_new(self, new: int) -> int:
+        """The new tokens a prefill of ``new`` runs: the smallest bucket that holds them (no
+        buckets, or more than the largest: ``new`` itself)."""
+        b = self.prefill_buckets
+        if new <= 0 or not b or new > b[-1]:
+            return new
+        lo, hi = 0, len(b) - 1
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if b[mid] >= new:
+                hi = mid
+            else:
+                lo = mid + 1
+        return b[lo]
 
     def _head_ms(self, tokens: int) -> float:
         h = self.head_terms
         return h["h0"] + h["h1_per_token"] * tokens if tokens else 0.0
 
     def prefill_seconds(self, new: int, cached: int, cold: bool = False) -> float:
-        """One sequence's prefill: ``new`` tokens after ``cached`` ones, its last token's head;
-        ``cold``: a shape the process has not run before (adds ``cold_shape_ms``)."""
+        """One sequence's prefill: ``new`` tokens after ``cached`` ones (padded to a bucket where
+        the file has them), its last token's head; ``cold``: a shape the process has not run
+        before (adds ``cold_shape_ms``)."""
         if new <= 0:
             return 0.0
+        new = self.padded_new(new)
         p, arch = self.prefill_terms, self.architecture
         per_layer = max(p["floor"], p["a"] + p["b_per_token"] * new
                         + p["d_per_pair"] * attended_pairs(new, cached, arch.sliding_window)
@@ -127,6 +184,24 @@ def load_engine_times(name_or_path: str, architecture: Architecture) -> EngineTi
     if isinstance(cold, bool) or not isinstance(cold, (int, float)) or cold < 0:
         raise ConfigError(f"{path}: architectures.{architecture.name}.cold_shape_ms must be a "
                           f"number >= 0, got {cold!r}")
+    attention = doc.get("prefill_attention", "default")
+    if attention not in PREFILL_ATTENTION:
+        raise ConfigError(f"{path}: prefill_attention must be one of {', '.join(PREFILL_ATTENTION)}, "
+                          f"got {attention!r}")
     return EngineTimes(architecture, str(doc.get("gpu", path.stem)), str(doc.get("source", path)),
                        terms["prefill_per_layer_ms"], terms["decode_per_layer_ms"],
-                       terms["head_ms"], float(cold))
+                       terms["head_ms"], float(cold), _buckets(path, doc.get("prefill_buckets")),
+                       attention)
+
+
+def _buckets(path: Path, rule) -> tuple[int, ...]:
+    if rule is None:
+        return ()
+    if not isinstance(rule, dict) or set(rule) != set(BUCKET_KEYS) or not all(
+            isinstance(rule[k], int) and not isinstance(rule[k], bool) for k in BUCKET_KEYS):
+        raise ConfigError(f"{path}: prefill_buckets must be {{{', '.join(BUCKET_KEYS)}}}, each an "
+                          f"integer; got {rule!r}")
+    try:
+        return bucket_list(*(rule[k] for k in BUCKET_KEYS))
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None

@@ -104,10 +104,15 @@ class TorchForward:
 
     def _prefill(self, new: int, cached: int, layers: int | None = None):
         """One prefill of ``new`` tokens (run padded to its bucket) after ``cached``; the LM head
-        on the last real token. ``layers``: the first N layers only (the warm-up's)."""
+        on the last real token. ``layers``: the first N layers only (the warm-up's). A prompt
+        that is all cached (``new`` 0) runs nothing and returns None, as the engine times price
+        it (0 s): the flash kernel over no query fails (call 4's first host_800k run stopped with
+        CUDA "invalid argument" at such a prompt)."""
         if cached + new > self.max_tokens:
             raise ValueError(f"a prefill of {new} after {cached} tokens exceeds the "
                              f"{self.max_tokens}-token buffers")
+        if new <= 0:
+            return None
         run = self.times.padded_new(new)
         total = cached + run
         eng = self.engine
@@ -126,13 +131,14 @@ class TorchForward:
             start.record()
             out = None
             for new, cached in work.prefills:
-                out = self._prefill(new, cached)
+                got = self._prefill(new, cached)
+                out = out if got is None else got
                 self.padded_tokens += self.times.padded_new(new) - new
             end.record()
             end.synchronize()
             self.prefill_ms.append(start.elapsed_time(end))
             self.pass_prefills.append([list(p) for p in work.prefills])
-            if not bool(torch.isfinite(out.float()).all()):
+            if out is not None and not bool(torch.isfinite(out.float()).all()):
                 self.not_finite += 1
         self.passes += 1
         decode = self.times.decode_seconds(list(work.decode))

@@ -66,9 +66,12 @@ def test_bucketed_flash_prefills_pad_warm_and_leave_the_real_tokens_output_alone
         assert rel < 2e-2, (new, cached, rel)
     fb.warm_up()
     assert fb.warmed_buckets == sum(b <= bucketed.padded_new(4096) for b in bucketed.prefill_buckets)
-    fb.run(GpuWork(0.0, 0, ((1025, 3071), (19, 0)), ()))
+    fb.run(GpuWork(0.0, 0, ((1025, 3071), (0, 2829), (19, 0)), ()))  # an all-cached prompt
+    assert fb._prefill(0, 2829) is None  # runs nothing (the flash kernel refuses no queries)
+    fb.run(GpuWork(0.0, 0, ((0, 2829),), ()))  # a pass of only that
     s = fb.summary()
     assert s["padded_tokens"] == (1152 - 1025) + (64 - 19)
+    assert s["passes_with_prefill"] == 2
     assert s["not_finite_outputs"] == 0 and s["prefill_attention"] == "flash-lower-right"
     with pytest.raises(ValueError, match="exceeds"):
         fb.run(GpuWork(0.0, 0, ((4096, 1),), ()))

@@ -63,6 +63,7 @@ from kvsim.manager import (
 )
 from kvsim.manager.fingerprint import state_of
 from kvsim.manager.invariants import check_invariants
+from kvsim.manager.storage import Storage
 from kvsim.runtime.steps import set_capacity
 
 TPB = 4  # tokens per block in every configuration here
@@ -963,3 +964,31 @@ def test_check_invariants_detects_a_corrupted_refcount() -> None:
     mgr.storage.pages.last_used[page] += 1
     with pytest.raises(AssertionError, match="pages"):
         assert_same_state(before, state_fingerprint(mgr), "corruption")
+
+
+def test_a_rebase_keeps_the_evictable_counts_exact_across_life_cycles(monkeypatch) -> None:
+    """Found by TestReferenceSwa (2026-12-04), shrunk by hand: a commit rebases two blocks of a
+    cache with a sliding-window life cycle onto the tree's pages. Its first life cycle's move
+    re-samples the statistics (a read of the evictable counts) after the rebase reported its
+    pages on entry; the second life cycle then added a holder to a host page, unreported, and
+    the next block's read counted that page as evictable. ``Storage.check_eviction_index``
+    (on in the tests, ``conftest.py``) compares every read with a full scan."""
+    import test_manager_stateful as this
+    monkeypatch.setattr(this, "event", lambda *a, **k: None)  # outside a Hypothesis test
+    assert Storage.check_eviction_index
+    state = ReferenceSwaMachine()
+    block = (20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32)
+    state.warm_up(requests=[((), (), 0, 0), (block, (0, 0, 1), 1, 9),
+                            ((), (), 0, 0), (block, (0, 0, 1), 3, 0)])
+    state.serve(i=0, n=12, then_suspend=False)
+    state.resize(cap_delta=0, hist=None, i=19387, setter=False, wake=True)
+    state.serve(i=0, n=1, then_suspend=False)
+    state.serve(i=38525, n=4, then_suspend=False)
+    state.resize(cap_delta=0, hist=15, i=1017, setter=False, wake=False)
+    state.serve(i=1, n=4, then_suspend=True)
+    state.resize(cap_delta=1, hist=None, i=263, setter=False, wake=False)
+    state.resize(cap_delta=0, hist=13, i=3, setter=False, wake=False)
+    state.serve(i=0, n=8, then_suspend=False)
+    state.serve(i=3, n=8, then_suspend=False)  # raised AssertionError in block_stats before
+    state.manager_invariants()
+    state.teardown()

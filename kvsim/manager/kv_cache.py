@@ -793,8 +793,10 @@ class KvCache:
             m._release(np.array([mine], dtype=np.int32), locked, plan)
             if locked:
                 p.lockers[theirs] += 1
-                # _release above may have read the counts, consuming the report made on entry
-                storage.counts.changed([theirs])
+            # _release above, or an earlier life cycle's move, may have read the counts and so
+            # consumed the report made on entry: report the holder (and locker) change again.
+            storage.changed([theirs])
+            if locked:
                 level = int(p.level[theirs])
                 if level > 0:
                     # Our page's slot was just freed: theirs comes up into it.

@@ -516,3 +516,17 @@ def test_a_serving_run_with_buckets_spends_the_padded_prefill_time(tmp_path):
     assert padded["requests"] == plain["requests"]
     assert padded["prefill_s"] > plain["prefill_s"]
     assert padded["ttft_mean_ms"] > plain["ttft_mean_ms"]
+
+
+def test_pass_bands_divide_each_pass_by_its_price_and_band_it_by_new_tokens(tmp_path):
+    from kvsim.calibration.ttft_judge import pass_bands
+
+    times = load_engine_times(str(engine_file(tmp_path)), LLAMA_3_8B)
+    price = [times.prefill_seconds(n, c) * 1e3 for n, c in ((500, 0), (300, 200), (20000, 0))]
+    forward = {"per_pass": {"prefills": [[[500, 0]], [[300, 200], [0, 900]], [[20000, 0]]],
+                            "prefill_ms": [2 * price[0], 4 * price[1], price[2]]}}
+    rows = pass_bands(forward, times)
+    assert [(r["new_tokens"], r["passes"]) for r in rows] == [("< 1k", 2), (">= 16k", 1)]
+    assert rows[0]["median"] == pytest.approx(3.0) and rows[0]["max"] == pytest.approx(4.0)
+    assert rows[1]["median"] == pytest.approx(1.0)
+    assert pass_bands({}, times) == []

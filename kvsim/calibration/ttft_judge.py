@@ -6,7 +6,9 @@ simulator, judged (protocol: ``reports/validation-h200/ttft/PROTOCOL.md``).
 the same scenario and variants in the simulator (``executor: sim``, everything else as
 written), and compares time to first token per run: p50 and p99, target :data:`TARGET_PCT`.
 Beside the judged figures it lists what explains them: hit rate, queueing, copy wait, and the
-prefill GPU time (measured by CUDA events in the hardware run, modelled in the simulator).
+prefill GPU time (measured by CUDA events in the hardware run, modelled in the simulator), and
+per run the passes' prefill time against the engine times by the pass's new tokens
+(:func:`pass_bands`).
 
     python -m kvsim.calibration.ttft_judge SCENARIO MEASURED_DIR --out JUDGE_DIR [--set KEY=VALUE]
 """
@@ -42,22 +44,53 @@ def _measured(directory: Path) -> dict[str, dict]:
     return runs
 
 
-def _predicted(scenario_file: str, overrides: list[str] | None = None) -> dict[str, dict]:
+BANDS = ((0, 1024, "< 1k"), (1024, 4096, "1k-4k"), (4096, 16384, "4k-16k"),
+         (16384, 1 << 62, ">= 16k"))
+
+
+def pass_bands(forward: dict, times) -> list[dict]:
+    """Each pass's CUDA-event prefill time (``hw.forward.per_pass``) over the engine times'
+    price of its prefills, by the pass's new tokens (:data:`BANDS`): passes, median and range
+    of the ratio."""
+    import statistics
+
+    pp = forward.get("per_pass") or {}
+    rows = []
+    for lo, hi, label in BANDS:
+        ratios = []
+        for prefills, ms in zip(pp.get("prefills", []), pp.get("prefill_ms", [])):
+            new = sum(n for n, _ in prefills)
+            model = sum(times.prefill_seconds(n, c) for n, c in prefills) * 1e3
+            if lo <= new < hi and model > 0:
+                ratios.append(ms / model)
+        if ratios:
+            rows.append({"new_tokens": label, "passes": len(ratios),
+                         "median": statistics.median(ratios), "min": min(ratios),
+                         "max": max(ratios)})
+    return rows
+
+
+def _predicted(scenario_file: str, overrides: list[str] | None = None) -> tuple[dict[str, dict], dict]:
+    """The simulator's results per run, and per run the engine times it priced with."""
+    from kvsim.llm.engine_time import load_engine_times
     from kvsim.scenario.load import load_scenario_file
     from kvsim.scenario.run import execute
+    from kvsim.serving.engine import serving_architecture
 
     sf = load_scenario_file(scenario_file, overrides)
-    runs = {"base": execute(replace(sf.base, executor="sim"))}
-    for variant, scenario in sf.variants:
-        runs[variant.name] = execute(replace(scenario, executor="sim"))
-    return runs
+    scenarios = {"base": sf.base, **{v.name: sc for v, sc in sf.variants}}
+    runs, times = {}, {}
+    for name, sc in scenarios.items():
+        runs[name] = execute(replace(sc, executor="sim"))
+        times[name] = load_engine_times(sc.workload.engine_times, serving_architecture(sc.workload))
+    return runs, times
 
 
 def judge(scenario_file: str, measured_dir: str | Path, overrides: list[str] | None = None) -> dict:
     """``overrides`` (``KEY=VALUE``, as ``kvsim run --set``) change the prediction only: a
     what-if, not the pre-registered judgement."""
     measured = _measured(Path(measured_dir))
-    predicted = _predicted(scenario_file, overrides)
+    predicted, times = _predicted(scenario_file, overrides)
     out: dict = {"scenario": scenario_file, "target_pct": TARGET_PCT, "runs": {},
                  "prediction_overrides": list(overrides or [])}
     for name, m_res in measured.items():
@@ -73,6 +106,7 @@ def judge(scenario_file: str, measured_dir: str | Path, overrides: list[str] | N
         row["shown"]["prefill_gpu_s_cuda_events"] = {"measured": fwd.get("prefill_s"),
                                                      "predicted": p.get("prefill_s")}
         row["requests"] = {"measured": m["requests"], "predicted": p["requests"]}
+        row["prefill_by_new_tokens"] = pass_bands(fwd, times[name])
         out["runs"][name] = row
     out["met"] = sum(v["met"] for r in out["runs"].values() for v in r["judged"].values())
     out["judged"] = sum(len(r["judged"]) for r in out["runs"].values())
@@ -104,6 +138,14 @@ def markdown(result: dict) -> str:
     for name, r in result["runs"].items():
         for k, v in r["shown"].items():
             lines.append(f"| {name} | {k} | {_fmt(v['measured'])} | {_fmt(v['predicted'])} |")
+    if any(r.get("prefill_by_new_tokens") for r in result["runs"].values()):
+        lines += ["", "Each pass's prefill time (CUDA events) over the engine times' price, by the "
+                  "pass's new tokens (not judged):", "",
+                  "| run | new tokens | passes | median | min | max |", "|---|---|---|---|---|---|"]
+        for name, r in result["runs"].items():
+            for b in r.get("prefill_by_new_tokens", []):
+                lines.append(f"| {name} | {b['new_tokens']} | {b['passes']} | {b['median']:.3f} | "
+                             f"{b['min']:.3f} | {b['max']:.3f} |")
     return "\n".join(lines) + "\n"
 
 

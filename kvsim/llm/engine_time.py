@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,14 +104,7 @@ class EngineTimes:
         b = self.prefill_buckets
         if new <= 0 or not b or new > b[-1]:
             return new
-        lo, hi = 0, len(b) - 1
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if b[mid] >= new:
-                hi = mid
-            else:
-                lo = mid + 1
-        return b[lo]
+        return b[bisect_left(b, new)]
 
     def _head_ms(self, tokens: int) -> float:
         h = self.head_terms

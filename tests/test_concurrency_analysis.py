@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvsim.hardware import load_hardware
@@ -158,3 +159,33 @@ def test_the_seed_concurrency_tests_pass_in_the_fixed_configuration():
             "KVCacheManager.get_and_reset_iteration_stats", "PlannedDrop.__del__"} <= apis
     buggy = execute(variant_scenario(sf, next(v for v in sf.base.variants if v.name == "buggy")))
     assert buggy["starvation"]["starved"]
+
+
+@pytest.mark.parametrize("field", ["holders", "lockers", "node", "level", "slot", "last_used",
+                                   "planned_drops"])
+def test_the_digest_shows_a_change_of_one_page_in_any_column(field):
+    """The digest sums the page table's columns as 64-bit words (kvsim.manager.fingerprint.
+    checksum): a change of one page's value in any column, whatever its width, must show."""
+    from kvsim.manager.fingerprint import checksum, state_digest
+
+    mgr = manager(False)
+    before = state_digest(mgr)
+    column = getattr(mgr.storage.pages, field)
+    page = int(mgr._keep.held_pages()[0])  # noqa: SLF001
+    column[page] += 1
+    assert state_digest(mgr)["page table"] != before["page table"]
+    column[page] -= 1
+    assert state_digest(mgr) == before
+    odd = np.arange(7, dtype=np.int8)  # not whole words: summed element by element
+    assert checksum(odd) == 21 and checksum(np.arange(8, dtype=np.int8)) != checksum(odd)
+
+
+def test_a_slot_allocator_change_shows_in_the_digest():
+    from kvsim.manager.fingerprint import state_digest
+
+    mgr = manager(False)
+    before = state_digest(mgr)
+    alloc = mgr.storage.allocators[0][0]
+    slot = int(np.flatnonzero(alloc.slot_to_page >= 0)[0])
+    alloc.slot_to_page[slot] += 1
+    assert state_digest(mgr)["slot allocators"] != before["slot allocators"]

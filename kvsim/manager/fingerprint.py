@@ -12,6 +12,8 @@ import hashlib
 import pickle
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:
     from kvsim.manager.manager import KVCacheManager
 
@@ -53,25 +55,39 @@ def fingerprint(mgr: KVCacheManager) -> str:
     return hashlib.sha256(pickle.dumps(state_of(mgr), protocol=4)).hexdigest()
 
 
+_add = np.add.reduce
+
+
+def checksum(values: np.ndarray) -> int:
+    """A sum of ``values`` that any change of one element alters: the array's bytes summed as
+    64-bit words (wrapping) when they come in whole words, else its elements. Summing words
+    instead of small integers spares numpy the widening to 64 bits, 3-10x faster on the page
+    table's columns, which :func:`state_digest` sums around every call."""
+    if values.nbytes % 8 == 0 and values.flags.c_contiguous:
+        return int(_add(values.view(np.uint64)))
+    return int(_add(values))
+
+
 def state_digest(mgr: KVCacheManager) -> dict[str, object]:
     """A cheap digest of the shared state, one entry per component, for the lock-discipline
     checker (run around every call that does not hold the lock exclusively).
 
-    Not byte-exact like :func:`fingerprint` (array sums can miss a swap), but any creation,
-    deletion, move or refcount change of a page, slot, node, root or queued erasure shows.
+    Not byte-exact like :func:`fingerprint` (sums can miss a swap or changes that cancel), but
+    any creation, deletion, move or refcount change of a page, slot, node, root or queued
+    erasure shows.
     """
     p = mgr.storage.pages
     tree = mgr.tree
     return {
-        "page table": (p.num_live, int(p.holders.sum()), int(p.lockers.sum()), int(p.node.sum()),
-                       int(p.level.sum()), int(p.slot.sum()), int(p.last_used.sum()),
-                       int(p.planned_drops.sum())),
-        "slot allocators": tuple((a.num_free, int(a.slot_to_page.sum()))
+        "page table": (p.num_live, checksum(p.holders), checksum(p.lockers), checksum(p.node),
+                       checksum(p.level), checksum(p.slot), checksum(p.last_used),
+                       checksum(p.planned_drops)),
+        "slot allocators": tuple((a.num_free, checksum(a.slot_to_page))
                                  for row in mgr.storage.allocators for a in row),
         "radix tree roots": tuple(sorted(map(repr, tree.roots))),
         "radix tree nodes": (len(tree.nodes), tree._next_node_id),
         "root-erase queue": tuple(map(repr, tree.pending_root_erasures)),
         "living caches": tuple(sorted((repr(k), c.status.value) for k, c in mgr._caches.items())),
         "statistics": (None if mgr.stats.peaks is None else mgr.stats.peaks.tobytes(),
-                       tuple(int(v.sum()) for v in mgr.stats.iteration.values())),
+                       b"".join(v.tobytes() for v in mgr.stats.iteration.values())),
     }

@@ -51,10 +51,16 @@ def _first_missing(layout: StorageLayout, blocks: list[Node], n: int) -> int | N
     first: int | None = None
     for lc in layout.life_cycles:
         begin, end = lc.stale_range(n, tpb)
-        for b in [*range(begin), *range(end, len(blocks))]:
-            if blocks[b].pages[lc.index] == NO_PAGE:
-                first = b if first is None else min(first, b)
-                break
+        i = lc.index
+        column = [node.pages[i] for node in blocks]
+        # the blocks loaded at n: [0, begin) and [end, len): list.index searches each in C
+        for lo, hi in ((0, begin), (end, len(blocks))):
+            try:
+                b = column.index(NO_PAGE, lo, hi)
+            except ValueError:
+                continue
+            first = b if first is None else min(first, b)
+            break
     return first
 
 
@@ -64,7 +70,10 @@ def match_prefix(tree: RadixTree, layout: StorageLayout, partial_reuse: bool, ba
     tpb = layout.tokens_per_block
     nodes, hashed, missed = tree.walk(scope, tokens)
     # (node, tokens of it matched), one entry per block
-    entries = [(node, int(node.tokens.size)) for node in nodes]
+    # only the last node can be partial: every other one was found by a full block's key
+    entries = [(node, tpb) for node in nodes]
+    if nodes and nodes[-1].is_partial:
+        entries[-1] = (nodes[-1], int(nodes[-1].tokens.size))
     visited = len(entries)
     if partial_reuse and missed and (not nodes or not nodes[-1].is_partial):
         child, n = tree.best_partial_child(scope, nodes[-1] if nodes else None,

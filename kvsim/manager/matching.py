@@ -22,12 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
 from kvsim.manager.config import StorageLayout
 from kvsim.manager.pages import NO_PAGE
 from kvsim.manager.radix_tree import Node, RadixTree
+
+_PAGES = attrgetter("pages")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +55,7 @@ def _first_missing(layout: StorageLayout, blocks: list[Node], n: int) -> int | N
     for lc in layout.life_cycles:
         begin, end = lc.stale_range(n, tpb)
         i = lc.index
-        column = [node.pages[i] for node in blocks]
+        column = list(map(itemgetter(i), map(_PAGES, blocks)))
         # the blocks loaded at n: [0, begin) and [end, len): list.index searches each in C
         for lo, hi in ((0, begin), (end, len(blocks))):
             try:
@@ -69,38 +72,39 @@ def match_prefix(tree: RadixTree, layout: StorageLayout, partial_reuse: bool, ba
     """The usable prefix of ``tokens`` in ``tree`` (see the module docstring)."""
     tpb = layout.tokens_per_block
     nodes, hashed, missed = tree.walk(scope, tokens)
-    # (node, tokens of it matched), one entry per block
-    # only the last node can be partial: every other one was found by a full block's key
-    entries = [(node, tpb) for node in nodes]
-    if nodes and nodes[-1].is_partial:
-        entries[-1] = (nodes[-1], int(nodes[-1].tokens.size))
-    visited = len(entries)
+    # The blocks matched, and how many tokens of the last one: every other block is matched
+    # whole (only the last can be partial: the others were found by a full block's key).
+    blocks = list(nodes)
+    last = 0
+    if blocks:
+        last = int(blocks[-1].tokens.size) if blocks[-1].is_partial else tpb
+    visited = len(blocks)
     if partial_reuse and missed and (not nodes or not nodes[-1].is_partial):
         child, n = tree.best_partial_child(scope, nodes[-1] if nodes else None,
                                            tokens[len(nodes) * tpb:])
         if child is not None and n > 0:
-            entries.append((child, n))
+            blocks.append(child)
+            last = n
             visited += 1
     cut = backoff
-    while cut and entries:
-        node, n = entries[-1]
-        if n > cut:
-            entries[-1] = (node, n - cut)
+    while cut and blocks:
+        if last > cut:
+            last -= cut
             cut = 0
         else:
-            cut -= n
-            entries.pop()
-    while entries:
-        n = (len(entries) - 1) * tpb + entries[-1][1]
-        missing = _first_missing(layout, [node for node, _ in entries], n)
+            cut -= last
+            blocks.pop()
+            last = tpb
+    while blocks:
+        missing = _first_missing(layout, blocks, (len(blocks) - 1) * tpb + last)
         if missing is None:
             break
-        del entries[missing:]
-    if entries and entries[-1][1] < tpb:
-        partial, partial_tokens = entries[-1]
-        full = [node for node, _ in entries[:-1]]
+        del blocks[missing:]
+        last = tpb
+    if blocks and last < tpb:
+        partial, partial_tokens = blocks.pop(), last
     else:
         partial, partial_tokens = None, 0
-        full = [node for node, _ in entries]
+    full = blocks
     return Match(full, partial, partial_tokens, len(full) * tpb + partial_tokens, hashed,
                  visited)

@@ -11,7 +11,12 @@ time_scale)``:
    blocks as generation allocations, the prompt's as misses), then ``commit_pending_stats()``;
 3. [decode] ``output_length`` generated tokens in steps of ``decode_step_tokens``: each step
    sleeps ``decode_token_interval_us`` per token, then (if ``decode_resize``) ``resize(capacity,
-   history_length = tokens so far)`` and ``commit`` of the step's tokens;
+   history_length = tokens so far)`` and ``commit`` of the step's tokens. A larger step commits
+   decode tokens every few blocks instead of every block (fewer calls, a faster replay): on the
+   synthetic trace at 32 tokens per block, 128 instead of 32 gives 54,341 calls instead of
+   81,511 and 16.6 instead of 19.5 s of CPU, with the hit rate unchanged (0.61888), since no
+   other request's prompt holds a request's generated tokens
+   (``python -m kvsim.bench.replay --timed-only --decode-step-tokens N --json``, 2026-12-04);
 4. [finish] ``commit_pending_stats()``, ``suspend()``, ``close()``. (KVCM2's own engine
    publishes each scheduled request's statistics every iteration; twice per request is enough
    for the totals, and a request that fails later loses only its decode figures.)

@@ -992,3 +992,15 @@ def test_a_rebase_keeps_the_evictable_counts_exact_across_life_cycles(monkeypatc
     state.serve(i=3, n=8, then_suspend=False)  # raised AssertionError in block_stats before
     state.manager_invariants()
     state.teardown()
+
+
+def test_check_invariants_detects_a_duplicate_free_slot() -> None:
+    """A free list naming one slot twice (two pages would get it) is caught."""
+    mgr = KVCacheManager(REF_FULL)
+    alloc = mgr.storage.allocators[0][0]
+    free = alloc.free_slots()
+    assert free.size >= 2
+    check_invariants(mgr)
+    free[0] = free[1]
+    with pytest.raises(InvariantViolation, match="duplicate slots in the free list"):
+        check_invariants(mgr)

@@ -25,6 +25,7 @@ import numpy as np
 from kvsim.errors import InvariantViolation
 from kvsim.manager.kv_cache import CacheStatus
 from kvsim.manager.pages import NO_PAGE
+from kvsim.manager.unique_ids import unique_ids
 
 if TYPE_CHECKING:
     from kvsim.manager.manager import KVCacheManager
@@ -42,7 +43,7 @@ def _check_storage(mgr: KVCacheManager, out: list[str]) -> None:
             if alloc.num_used + alloc.num_free != alloc.num_slots or alloc.num_used != ids.size:
                 out.append(f"{where}: {ids.size} used + {alloc.num_free} free != {alloc.num_slots} slots")
             free = alloc.free_slots()
-            if np.unique(free).size != free.size:
+            if unique_ids(free).size != free.size:
                 out.append(f"{where}: duplicate slots in the free list")
             if (alloc.slot_to_page[free] >= 0).any():
                 out.append(f"{where}: a slot in the free list holds a page")

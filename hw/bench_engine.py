@@ -52,8 +52,9 @@ buffers (2 x layers x batch x S x KV heads x head size x 2 bytes) exceed
 
 Writes ``DIR/<YYYY-MM-DD>-engine.json``. The grids are fixed here (``--grid call3``:
 :data:`GRID_NEW`, :data:`GRID_CACHED`; ``--grid call4``: :data:`GRID_NEW_CALL4`,
-:data:`GRID_CACHED_CALL4`; both :data:`GRID_BATCH`, :data:`GRID_CONTEXT`,
-:data:`GRID_HEAD_TOKENS`), the fit/judge split in :func:`kvsim.calibration.engine_fit.point_role`.
+:data:`GRID_CACHED_CALL4`; ``--grid call5``: :data:`GRID_NEW_CALL5`,
+:data:`GRID_CACHED_CALL5`; all :data:`GRID_BATCH`, :data:`GRID_CONTEXT`, :data:`GRID_HEAD_TOKENS`),
+the fit/judge split in :func:`kvsim.calibration.engine_fit.point_role`.
 """
 
 from __future__ import annotations
@@ -92,6 +93,13 @@ GRID_BATCH = (1, 4, 16, 64, 256)
 # a power of two, so a bucket of every kvsim.llm.engine_time.bucket_list with min 64, multiple 64.
 GRID_NEW_CALL4 = (128, 512, 2048, 8192, 32768, 131072)
 GRID_CACHED_CALL4 = (0, 4096, 16384, 65536)
+# Call 5's prefill grid (mistral-7b-v0.1 only, reports/validation-h200/prefill/PROTOCOL-5.md):
+# call 4's without 131,072 new (flex's create_block_mask evaluates the mask densely: 128-192
+# GiB, out of memory in call 4), with 65,536 new and 32,768 cached added.
+GRID_NEW_CALL5 = (128, 512, 2048, 8192, 32768, 65536)
+GRID_CACHED_CALL5 = (0, 4096, 16384, 32768, 65536)
+GRID_PREFILL = {"call3": (GRID_NEW, GRID_CACHED), "call4": (GRID_NEW_CALL4, GRID_CACHED_CALL4),
+                "call5": (GRID_NEW_CALL5, GRID_CACHED_CALL5)}
 GRID_CONTEXT = (512, 2048, 8192, 32768)
 GRID_HEAD_TOKENS = (1, 8, 32, 128, 256)
 # Tiny grids: 3 x 3, enough points for every fit's terms; prefill token counts multiples of
@@ -396,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="prefill of a sliding-window architecture: compiled flex_attention, or none")
     ap.add_argument("--prefill-attention", default="default", choices=("default", "flash"),
                     help="full-attention prefill: SDPA's dispatcher (call 3), or the flash kernel pinned")
-    ap.add_argument("--grid", default="call3", choices=("call3", "call4"),
-                    help="the prefill grid: call 3's (new <= 8192, cached <= 32768) or call 4's")
+    ap.add_argument("--grid", default="call3", choices=tuple(GRID_PREFILL),
+                    help="the prefill grid: call 3's (new <= 8192, cached <= 32768), call 4's or 5's")
     ap.add_argument("--no-graph", action="store_true", help="decode and head eager, not graph-replayed")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--tiny", action="store_true",
@@ -415,8 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = 16 if args.tiny else 1
     grids = ({"new": TINY_NEW, "cached": TINY_CACHED, "batch": TINY_BATCH,
               "context": TINY_CONTEXT, "head_tokens": TINY_HEAD_TOKENS} if args.tiny else
-             {"new": GRID_NEW_CALL4 if args.grid == "call4" else GRID_NEW,
-              "cached": GRID_CACHED_CALL4 if args.grid == "call4" else GRID_CACHED,
+             {"new": GRID_PREFILL[args.grid][0], "cached": GRID_PREFILL[args.grid][1],
               "batch": GRID_BATCH, "context": GRID_CONTEXT, "head_tokens": GRID_HEAD_TOKENS})
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32

@@ -256,3 +256,56 @@ def test_first_runs_are_split_by_whether_the_new_count_had_run():
     assert out["new_count_first_seen"]["max_extra_ms"] == pytest.approx(59.0)
     assert out["new_count_seen_before"]["median_extra_ms"] == pytest.approx(0.5)
     assert engine_fit.first_runs([{k: v for k, v in recs[0].items() if k != "first_ms"}]) == {}
+
+
+def test_the_call5_grid_drops_what_ran_out_of_memory_and_splits_half_and_half():
+    from hw.bench_engine import GRID_CACHED_CALL5, GRID_NEW_CALL5, GRID_PREFILL
+
+    assert GRID_PREFILL["call5"] == (GRID_NEW_CALL5, GRID_CACHED_CALL5)
+    assert max(GRID_NEW_CALL5) == 65536 and 131072 not in GRID_NEW_CALL5
+    grid = {"new": GRID_NEW_CALL5, "cached": GRID_CACHED_CALL5}
+    roles = {(n, c): engine_fit.point_role({"new": n, "cached": c}, ("new", "cached"), grid)
+             for n in GRID_NEW_CALL5 for c in GRID_CACHED_CALL5}
+    assert list(roles.values()).count("fit") == list(roles.values()).count("judge") == 15
+    assert roles[(128, 0)] == "fit" and roles[(65536, 65536)] == "judge"
+
+
+def _windowed_with_new_sq(g: float) -> dict:
+    """call 5's grid, a windowed architecture whose prefill follows the model with ``g new^2``."""
+    from hw.bench_engine import GRID_CACHED_CALL5, GRID_NEW_CALL5
+
+    meas = _synthetic(4096)
+    meas["grid"].update({"new": list(GRID_NEW_CALL5), "cached": list(GRID_CACHED_CALL5)})
+    p = PREFILL
+    meas["records"] = [r for r in meas["records"] if r["mode"] != "prefill"] + [
+        {"mode": "prefill", "arch": "m", "new": n, "cached": c, "verified": True,
+         "per_layer_ms": max(p["floor"], p["a"] + p["b_per_token"] * n
+                             + p["d_per_pair"] * pairs(n, c, 4096) + p["e_per_cached"] * c + g * n * n)}
+        for c in GRID_CACHED_CALL5 for n in GRID_NEW_CALL5]
+    return meas
+
+
+def test_the_window_term_recovers_a_new_squared_cost_the_five_terms_miss():
+    meas = _windowed_with_new_sq(2e-9)
+    with_g = engine_fit.fit(meas, "new_sq")["architectures"]["m"]["prefill"]
+    assert with_g["terms"]["g_per_new_sq"] == pytest.approx(2e-9, rel=1e-3)
+    assert with_g["errors"]["judge"]["median_ape_pct"] < 0.1
+    without = engine_fit.fit(meas)["architectures"]["m"]["prefill"]
+    assert "g_per_new_sq" not in without["terms"]
+    assert without["errors"]["fit"]["worst_ape_pct"] > 1.0
+    with pytest.raises(ValueError):
+        engine_fit.fit(meas, "new_x_keys")
+
+
+def test_the_window_term_leaves_full_attention_and_the_default_output_alone(tmp_path):
+    full = engine_fit.fit(_synthetic(None), "new_sq")
+    assert set(full["architectures"]["m"]["prefill"]["terms"]) == set(PREFILL)
+    assert "prefill_windowed" not in engine_fit.fit(_synthetic(4096))["model"]
+    m = tmp_path / "m.json"
+    m.write_text(json.dumps(_synthetic(4096)))
+    outs = []
+    for extra in ([], ["--window-term", "none"]):
+        e = tmp_path / "e.json"
+        assert engine_fit.main([str(m), "--engine", str(e)] + extra) == 0
+        outs.append(json.loads(e.read_text())["architectures"])
+    assert outs[0] == outs[1]

@@ -530,3 +530,20 @@ def test_pass_bands_divide_each_pass_by_its_price_and_band_it_by_new_tokens(tmp_
     assert rows[0]["median"] == pytest.approx(3.0) and rows[0]["max"] == pytest.approx(4.0)
     assert rows[1]["median"] == pytest.approx(1.0)
     assert pass_bands({}, times) == []
+
+
+def test_a_new_squared_prefill_term_is_added_where_the_file_has_it(tmp_path):
+    base = load_engine_times(str(engine_file(tmp_path, ("mistral-7b-v0.1",))), MISTRAL_7B)
+    doc = json.loads((tmp_path / "engine.json").read_text())
+    doc["architectures"]["mistral-7b-v0.1"] = {**TERMS, "prefill_per_layer_ms": {
+        **TERMS["prefill_per_layer_ms"], "g_per_new_sq": 1e-9}}
+    (tmp_path / "engine.json").write_text(json.dumps(doc))
+    times = load_engine_times(str(tmp_path / "engine.json"), MISTRAL_7B)
+    # 10,000 new tokens: 1e-9 x 1e8 = 0.1 ms more per layer, x 32 layers
+    assert times.prefill_seconds(10_000, 0) - base.prefill_seconds(10_000, 0) == \
+        pytest.approx(32 * 0.1e-3)
+    assert times.prefill_seconds(10, 0) == base.prefill_seconds(10, 0)  # the floor holds
+    doc["architectures"]["mistral-7b-v0.1"]["prefill_per_layer_ms"]["g_per_new_sq"] = -1
+    (tmp_path / "engine.json").write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="g_per_new_sq"):
+        load_engine_times(str(tmp_path / "engine.json"), MISTRAL_7B)

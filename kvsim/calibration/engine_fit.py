@@ -25,11 +25,15 @@ The written terms are rounded to 6 significant digits; every error is of the rou
 The engine-times file also carries, where the measurement has them, the prefill attention kernel
 it was measured on (``prefill_attention``, from the bench's ``--prefill-attention``) and, with
 ``--prefill-buckets MIN,MULTIPLE,STEPS,MAX``, the bucket rule of an engine that pads its prefills
-(:func:`kvsim.llm.engine_time.bucket_list`). Not judged, reported: each prefill point's first run
-against its warm median (:func:`first_runs`).
+(:func:`kvsim.llm.engine_time.bucket_list`). With ``--window-term new_sq`` (call 5,
+``reports/validation-h200/prefill/PROTOCOL-5.md``), an architecture with a sliding window gets
+one more prefill term, ``g new^2`` (``g_per_new_sq``, all terms still >= 0): its prefill is
+``max(floor, a + b new + d pairs + e cached + g new^2)``; full-attention architectures keep the
+five terms, and without the option every output is as before. Not judged, reported: each
+prefill point's first run against its warm median (:func:`first_runs`).
 
     python -m kvsim.calibration.engine_fit MEASUREMENT.json[.xz] [--out FIT.json] [--engine ENGINE.json]
-        [--prefill-buckets MIN,MULTIPLE,STEPS,MAX]
+        [--prefill-buckets MIN,MULTIPLE,STEPS,MAX] [--window-term new_sq]
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ SIGNIFICANT = 6  # digits kept in the written terms: byte-stable across numeric 
 # A term whose largest contribution on the grid is under 1e-9 of the largest time is the
 # solver's approach to its bound 0 (least_squares stays strictly inside bounds): written as 0.
 SNAP_TO_ZERO = 1e-9
+WINDOW_TERMS = ("none", "new_sq")  # --window-term: the extra prefill term of windowed architectures
+PREFILL_TERMS = ("floor", "a", "b_per_token", "d_per_pair", "e_per_cached")
 
 
 def point_role(r: dict, keys: tuple[str, ...], grid: dict) -> str:
@@ -68,8 +74,19 @@ def kv_read(batch: int, context: int, window: int | None) -> float:
     return float(batch * (context if window is None else min(context, window)))
 
 
-def prefill_features(new: int, cached: int, window: int | None) -> list[float]:
-    return [1.0, float(new), pairs(new, cached, window), float(cached)]
+def prefill_features(new: int, cached: int, window: int | None,
+                     window_term: str = "none") -> list[float]:
+    """The linear part's features: 1, new, pairs, cached; and new^2 where ``window_term`` is
+    ``new_sq`` and the architecture has a window."""
+    f = [1.0, float(new), pairs(new, cached, window), float(cached)]
+    if window is not None and window_term == "new_sq":
+        f.append(float(new) * float(new))
+    return f
+
+
+def prefill_term_names(window: int | None, window_term: str = "none") -> tuple[str, ...]:
+    return PREFILL_TERMS + (("g_per_new_sq",) if window is not None and window_term == "new_sq"
+                            else ())
 
 
 def decode_features(batch: int, context: int, window: int | None) -> list[float]:
@@ -166,8 +183,11 @@ def first_runs(records: list[dict]) -> dict:
     return out
 
 
-def fit(measurement: dict) -> dict:
-    """Per architecture and mode: the fitted terms (ms), the fit and held-out errors, every point."""
+def fit(measurement: dict, window_term: str = "none") -> dict:
+    """Per architecture and mode: the fitted terms (ms), the fit and held-out errors, every point;
+    ``window_term`` ``new_sq``: windowed architectures' prefill gets the ``g new^2`` term."""
+    if window_term not in WINDOW_TERMS:
+        raise ValueError(f"window_term must be one of {', '.join(WINDOW_TERMS)}, got {window_term!r}")
     g = measurement["grid"]
     grid = {"new": g["new"], "cached": g["cached"], "batch": g["batch"],
             "context": g["context"], "tokens": g["head_tokens"]}
@@ -176,6 +196,9 @@ def fit(measurement: dict) -> dict:
                   "decode": "per layer: max(floor, a + b B + e K), K = B min(context, window) (ms)",
                   "head": "h0 + h1 T (ms)"},
         "target_median_ape_pct": TARGET_MEDIAN_APE_PCT, "architectures": {}}
+    if window_term == "new_sq":
+        out["model"]["prefill_windowed"] = ("per layer, sliding window: max(floor, a + b new + "
+                                            "d pairs + e cached + g new^2) (ms)")
     for name, arch in measurement["architectures"].items():
         w = arch.get("sliding_window")
         recs = [r for r in measurement["records"] if r["arch"] == name]
@@ -184,8 +207,8 @@ def fit(measurement: dict) -> dict:
         if by_mode["prefill"]:
             entry["prefill"] = _fit_mode(
                 by_mode["prefill"], grid, ("new", "cached"),
-                lambda r, w=w: prefill_features(r["new"], r["cached"], w),
-                ("floor", "a", "b_per_token", "d_per_pair", "e_per_cached"))
+                lambda r, w=w: prefill_features(r["new"], r["cached"], w, window_term),
+                prefill_term_names(w, window_term))
         if by_mode["decode"]:
             entry["decode"] = _fit_mode(
                 by_mode["decode"], grid, ("batch", "context"),
@@ -265,13 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="h200-sxm", help="the engine-times file's gpu name")
     ap.add_argument("--prefill-buckets", default=None, metavar="MIN,MULTIPLE,STEPS,MAX",
                     help="write this prefill bucket rule into the engine-times file")
+    ap.add_argument("--window-term", default="none", choices=WINDOW_TERMS,
+                    help="new_sq: a g new^2 prefill term for sliding-window architectures (call 5)")
     args = ap.parse_args(argv)
     try:
         buckets = parse_buckets(args.prefill_buckets) if args.prefill_buckets else None
     except ValueError as e:
         ap.error(str(e))
     measurement = read_json(Path(args.measurement))
-    result = fit(measurement)
+    result = fit(measurement, args.window_term)
     for name, e in result["architectures"].items():
         for m in ("prefill", "decode", "head"):
             if m not in e:

@@ -11,6 +11,11 @@ on that GPU (``kvsim.calibration.engine_fit``; its ``source`` names the measurem
   ``K`` the KV tokens they read (each sequence's context, at most the sliding window);
 * the LM head on ``T`` tokens: ``h0 + h1 T`` ms (a prefill needs it on its last token only).
 
+An optional ``g_per_new_sq`` in ``prefill_per_layer_ms`` (absent: 0; no shipped file has it) adds
+``g new^2`` to the prefill's linear part: the superlinear growth in the new tokens that a
+sliding-window prefill on compiled ``flex_attention`` showed at a fixed window
+(``reports/validation-h200/prefill/PROTOCOL-5.md``; fitted with ``engine_fit --window-term new_sq``).
+
 A pass's time is ``layers x per layer + head``. Requests prefilled in one pass are priced one
 by one and summed (their kernels are not merged): the model is the measured single-sequence
 prefill, not a packed batch.
@@ -120,7 +125,7 @@ class EngineTimes:
         p, arch = self.prefill_terms, self.architecture
         per_layer = max(p["floor"], p["a"] + p["b_per_token"] * new
                         + p["d_per_pair"] * attended_pairs(new, cached, arch.sliding_window)
-                        + p["e_per_cached"] * cached)
+                        + p["e_per_cached"] * cached + p.get("g_per_new_sq", 0.0) * new * new)
         cold_ms = self.cold_shape_ms if cold else 0.0
         return (arch.layers * per_layer + self._head_ms(1) + cold_ms) * 1e-3
 
@@ -174,6 +179,12 @@ def load_engine_times(name_or_path: str, architecture: Architecture) -> EngineTi
             raise ConfigError(f"{path}: architectures.{architecture.name}.{block} lacks "
                               f"{', '.join(missing)}")
         terms[block] = {n: float(got[n]) for n in names}
+    g = entry.get("prefill_per_layer_ms", {}).get("g_per_new_sq")
+    if g is not None:
+        if isinstance(g, bool) or not isinstance(g, (int, float)) or g < 0:
+            raise ConfigError(f"{path}: architectures.{architecture.name}.prefill_per_layer_ms."
+                              f"g_per_new_sq must be a number >= 0, got {g!r}")
+        terms["prefill_per_layer_ms"]["g_per_new_sq"] = float(g)
     cold = entry.get("cold_shape_ms", 0.0)
     if isinstance(cold, bool) or not isinstance(cold, (int, float)) or cold < 0:
         raise ConfigError(f"{path}: architectures.{architecture.name}.cold_shape_ms must be a "

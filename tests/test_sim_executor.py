@@ -195,6 +195,10 @@ def test_a_call_after_a_sleep_pays_the_cpu_presets_after_sleep_time(tmp_path):
 
     preset = json.loads((DATA / "toy-cpu.json").read_text())
     preset["holds_gil"] = True
+    # a measured-style GIL hand-over: a holder is taken over after 2-4 us while others wait, so
+    # readers hold the lock without the GIL and a writer waits for them
+    preset["gil_hold_ms"] = {"value": {"probs": [0, 1], "quantiles_ms": [0.002, 0.004]},
+                             "source": "test fixture"}
     plain = DATA / f"_{tmp_path.name}-plain.json"
     plain.write_text(json.dumps(preset))
     preset["after_sleep_us"] = {"value": [[500, 50.0], [2000, 80.0]], "source": "test fixture"}
@@ -233,4 +237,102 @@ def test_a_bad_after_sleep_table_is_refused_naming_the_file_and_key(tmp_path, ba
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(preset))
     with pytest.raises(ConfigError, match=r"cpu\.json: after_sleep_us: "):
+        load_cpu_model(path)
+
+
+def _preset_files(tmp_path, **fields):
+    """toy-cpu as a Python manager's preset, plain and with ``fields`` ({"value", "source"})."""
+    import json
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    preset["holds_gil"] = True
+    # a measured-style GIL hand-over: a holder is taken over after 2-4 us while others wait, so
+    # readers hold the lock without the GIL and a writer waits for them
+    preset["gil_hold_ms"] = {"value": {"probs": [0, 1], "quantiles_ms": [0.002, 0.004]},
+                             "source": "test fixture"}
+    plain = DATA / f"_{tmp_path.name}-plain.json"
+    plain.write_text(json.dumps(preset))
+    for k, v in fields.items():
+        preset[k] = {"value": v, "source": "test fixture"}
+    other = DATA / f"_{tmp_path.name}-lock.json"
+    other.write_text(json.dumps(preset))
+    return plain, other
+
+
+def _run_with(tmp_path, workload, cpu, policy="reader"):
+    from kvsim.scenario.schema import parse_scenario
+
+    sf = scenario(tmp_path, workload, policy)
+    return execute(parse_scenario({**sf.data, "cpu_model": cpu}, sf.source))
+
+
+def test_lock_test_us_moves_the_acquire_between_request_and_grant(tmp_path):
+    """An uncontended Python lock: lock_test_us lies between the lock's request and its grant,
+    and comes out of python_call_us, so the call takes as long as without it."""
+    plain, lock = _preset_files(tmp_path, lock_test_us=0.5)
+    one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
+        "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
+    try:
+        base = _run_with(tmp_path, one_thread, plain.name)
+        test = _run_with(tmp_path, one_thread, lock.name)
+    finally:
+        plain.unlink()
+        lock.unlink()
+    b = [c for c in base["calls"] if c["thread"] == "probe0"]
+    t = [c for c in test["calls"] if c["thread"] == "probe0"]
+    assert len(b) == len(t) == 25
+    for x, y in zip(b, t):
+        assert x["lock_wait_ms"] == pytest.approx(0.0, abs=1e-12)
+        assert y["lock_wait_ms"] == pytest.approx(0.0005, abs=1e-9)
+        assert y["latency_ms"] == pytest.approx(x["latency_ms"], abs=1e-9)
+
+
+def _first_release_to_grant_ms(results):
+    """For each exclusive call that waited for another thread's hold: its grant less the first
+    release of such a hold during its wait (the earliest that can have woken it)."""
+    calls = [c for c in results["calls"] if c["lock_granted_ms"] is not None]
+    out = []
+    for w in calls:
+        if w["mode"] != "exclusive":
+            continue
+        rel = [c["lock_released_ms"] for c in calls if c["thread"] != w["thread"]
+               and c["lock_granted_ms"] < w["lock_granted_ms"]
+               and c["lock_released_ms"] > w["lock_requested_ms"]]
+        if rel and w["lock_granted_ms"] > w["lock_requested_ms"]:
+            out.append(w["lock_granted_ms"] - min(rel))
+    return out
+
+
+def test_lock_wake_us_delays_a_woken_writer_after_the_first_release(tmp_path):
+    """A writer that waited for readers is granted no sooner than lock_wake_us after the first
+    release during its wait (a release wakes it; it re-tests lock_wake_us later); without the
+    term, sooner than that (writer preference: no reader overtakes it)."""
+    policy = "writer"
+    plain, lock = _preset_files(tmp_path, lock_wake_us=40.0)
+    try:
+        base = _run_with(tmp_path, PROBE, plain.name, policy)
+        slow = _run_with(tmp_path, PROBE, lock.name, policy)
+    finally:
+        plain.unlink()
+        lock.unlink()
+    before, after = _first_release_to_grant_ms(base), _first_release_to_grant_ms(slow)
+    assert before and after  # the writers did wait for readers
+    assert min(before) < 0.040
+    assert not slow["deadlocks"]
+    assert min(after) >= 0.040 - 1e-9
+    assert slow["starvation"]["longest_writer_wait_ms"] >= 0.040
+
+
+@pytest.mark.parametrize("key", ["lock_test_us", "lock_wake_us"])
+def test_a_negative_lock_term_is_refused_naming_the_file_and_key(tmp_path, key):
+    import json
+
+    from kvsim.errors import ConfigError
+    from kvsim.model.cpu_cost import load_cpu_model
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    preset[key] = {"value": -1.0, "source": "test fixture"}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(preset))
+    with pytest.raises(ConfigError, match=rf"cpu\.json: {key}: "):
         load_cpu_model(path)

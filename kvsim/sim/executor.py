@@ -9,7 +9,9 @@ this module performs the pipeline's effects in simulated time:
 * **the binding waits**: a binding that may block on the lock releases the GIL first (the fixed
   KVCM2 bindings; per API, ``gil_release``), or keeps it (the bug the seed fixed);
 * **the lock**: the SimPy reader-writer lock (:mod:`kvsim.sim.rwlock`), reader- or
-  writer-preferring; a Python manager's waiter re-tests after each release, holding the GIL;
+  writer-preferring; a Python manager's waiter re-tests after each release, holding the GIL
+  (with the CPU preset's optional ``lock_test_us`` per test and ``lock_wake_us`` before a woken
+  waiter runs again);
 * **the manager call**: the real manager runs the call at this instant and returns its plan;
 * **callbacks**: priority-callback and event-sink calls re-take the GIL under the lock,
   ``callback_us`` each;
@@ -113,6 +115,8 @@ class SimExecutor:
                                     calls_never_overlap=True)
         self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
         self._slept: dict[str, float] = {}  # thread -> how long it last slept, until it runs
+        # thread -> the first lock test's seconds, taken out of its next Python (lock_test_us)
+        self._prepaid: dict[str, float] = {}
         self._alive: set[str] = set()
         p = pipeline
         self._plain = {p.BindingWaits: self._do_binding_waits, p.Invoke: self._do_invoke,
@@ -170,6 +174,7 @@ class SimExecutor:
 
     def _do_python(self, e: pipeline.Python):
         seconds = self.cpu.python_call_us * 0.5e-6
+        seconds -= min(seconds, self._prepaid.pop(e.thread, 0.0))
         slept = self._slept.pop(e.thread, 0.0)
         if slept:  # the first Python after a sleep runs cold (CPU preset's after_sleep_us)
             seconds += self.cpu.after_sleep_s(slept)
@@ -188,9 +193,13 @@ class SimExecutor:
         """The lock in ``e.mode``; a Python manager's waiter re-tests after each release
         (``threading.Condition``), holding the GIL to do so. Returns None or the hazard."""
         thread, python_manager = e.thread, self.cpu.holds_gil
+        test_s = self.cpu.lock_test_us * 1e-6 if self.lock.recheck else 0.0
+        wake_s = self.cpu.lock_wake_us * 1e-6 if self.lock.recheck else 0.0
         self._waiting[thread] = ("lock", e.api)
         try:
-            request = self.lock.acquire(thread, e.mode, e.api)
+            # With lock_test_us the first test is deferred: queued now, tested after its cost.
+            request = self.lock.acquire(thread, e.mode, e.api, defer_test=test_s > 0.0)
+            woken = False
             while True:
                 if not request.triggered:
                     if python_manager:  # threading.Condition.wait releases the GIL
@@ -198,8 +207,20 @@ class SimExecutor:
                     self._check_deadlock(thread)
                 if (yield request) is not None or not self.lock.recheck:
                     break
-                # Woken by a release: run again (a Python thread needs the GIL) and re-test.
+                # Woken by a release (or the deferred first test): run again (after the wake-up,
+                # a Python thread needs the GIL) and re-test, paying the test's host time.
+                # (Waking up and testing are not waiting for the lock's holders: marked apart,
+                # so the wait-for graph sees no lock wait there.)
+                if woken and wake_s > 0.0:
+                    self._waiting[thread] = ("lock wake-up", e.api)
+                    yield self._delay(wake_s)
                 yield from self._take_gil(thread, e.api)
+                if test_s > 0.0:
+                    if not woken:  # the uncontended acquire, already in python_call_us
+                        self._prepaid[thread] = test_s
+                    self._waiting[thread] = ("lock test", e.api)
+                    yield from self._python(thread, test_s, e.api)
+                woken = True
                 self._waiting[thread] = ("lock", e.api)
                 request = self.lock.retry(thread)
         except LockHazardError as hazard:

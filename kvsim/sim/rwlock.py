@@ -53,10 +53,13 @@ class ReentrantSharedMutex(LockHolds):
         return (acq for acq, _ in self._waiting)
 
     # -- protocol -----------------------------------------------------------------------------
-    def acquire(self, thread: str, mode: LockMode, api: str = "") -> simpy.Event:
+    def acquire(self, thread: str, mode: LockMode, api: str = "",
+                defer_test: bool = False) -> simpy.Event:
         """An event that succeeds when ``thread`` holds the lock in ``mode``.
 
         A request the real lock would hang on fails the event with :class:`LockHazardError`.
+        ``defer_test`` (recheck mode): queue the request without testing it; the event succeeds
+        with ``None`` at once, as a wake-up does, and the caller tests it with :meth:`retry`.
         """
         event = self.env.event()
         try:
@@ -67,6 +70,8 @@ class ReentrantSharedMutex(LockHolds):
             return event.succeed(acq)
         self._waiting.append((acq, event))
         if self.recheck:
+            if defer_test:
+                return self.env.event().succeed(None)
             return self.retry(thread)
         self._dispatch()
         return event

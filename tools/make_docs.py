@@ -700,6 +700,11 @@ def spec_meanings(cls: type, prefix: str = "") -> dict[str, tuple[str, str]]:
     return out
 
 
+# CPU preset keys that cpu_cost.cpu_model_from_dict reads when present (tests/test_docs.py checks
+# the list against the loader).
+OPTIONAL_CPU_FIELDS = ("host_speed_factor", "after_sleep_us", "lock_test_us", "lock_wake_us")
+
+
 def cpu_meanings(keys: list[str]) -> dict[str, str]:
     """CPU preset keys -> meaning, from CpuCostModel's and WorkCounts' comments (every plan
     count is a possible ``unit_us`` key) and the GIL hand-over loader's docstring."""
@@ -786,6 +791,12 @@ def presets() -> str:
             "| field | meaning |", "|---|---|"]
     for key, meaning in cpu_meanings(fields).items():
         out.append(f"| {code(key)} | {cell(meaning) or '-'} |")
+    # Fields the loader takes that no shipped preset sets (a calibration or a what-if file does).
+    model = field_comments(cpu_cost.CpuCostModel)
+    for key in OPTIONAL_CPU_FIELDS:
+        if key not in fields:
+            out.append(f"| {code(key)} | optional, no shipped preset sets it: "
+                       f"{cell(model.get(key, '')) or '-'} |")
     out.append("")
     for name, data in cpu.items():
         out += _preset_section("cpu", name, data, f"kvsim/hardware/cpu/{name}.json")

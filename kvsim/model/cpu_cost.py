@@ -57,13 +57,13 @@ class CpuCostModel:
     # Extra host time of a thread's first Python after it slept for t: ((t_us, extra_us), ...)
     # ascending, interpolated linearly (0 extra at t = 0), flat beyond the last point; empty: none.
     after_sleep_us: tuple[tuple[float, float], ...] = ()
-    # A Python manager's lock (hw.rwlock, a threading.Condition), both 0 where not measured:
-    # lock_test_us: host time (holding the GIL) of one test of the lock's condition, between the
-    # lock log's request and its grant; the first test is moved out of python_call_us (which
-    # includes the uncontended acquire), each re-test after a wake-up is extra;
-    # lock_wake_us: time a waiter woken by a release takes to run again (without the GIL) before
-    # it queues for the GIL to re-test.
+    # A Python manager's lock (hw.rwlock, a threading.Condition), 0 where not measured: host time
+    # (holding the GIL) of one test of the lock's condition, between the lock log's request and
+    # its grant; the first test is moved out of python_call_us (which includes the uncontended
+    # acquire), each re-test after a wake-up is extra.
     lock_test_us: float = 0.0
+    # A Python manager's lock, 0 where not measured: time a waiter woken by a release takes to
+    # run again (without the GIL) before it queues for the GIL to re-test.
     lock_wake_us: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 

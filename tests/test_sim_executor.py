@@ -188,22 +188,10 @@ def test_a_threads_first_call_pays_the_cpu_presets_first_call_factor(tmp_path):
 def test_a_call_after_a_sleep_pays_the_cpu_presets_after_sleep_time(tmp_path):
     """after_sleep_us adds host time to a thread's first call after it slept, interpolated on
     the sleep's length; back-to-back calls and presets without it pay nothing extra."""
-    import json
-
     from kvsim.model.cpu_cost import load_cpu_model
     from kvsim.scenario.schema import parse_scenario
 
-    preset = json.loads((DATA / "toy-cpu.json").read_text())
-    preset["holds_gil"] = True
-    # a measured-style GIL hand-over: a holder is taken over after 2-4 us while others wait, so
-    # readers hold the lock without the GIL and a writer waits for them
-    preset["gil_hold_ms"] = {"value": {"probs": [0, 1], "quantiles_ms": [0.002, 0.004]},
-                             "source": "test fixture"}
-    plain = DATA / f"_{tmp_path.name}-plain.json"
-    plain.write_text(json.dumps(preset))
-    preset["after_sleep_us"] = {"value": [[500, 50.0], [2000, 80.0]], "source": "test fixture"}
-    cold = DATA / f"_{tmp_path.name}-cold.json"
-    cold.write_text(json.dumps(preset))
+    plain, cold = _preset_files(tmp_path, after_sleep_us=[[500, 50.0], [2000, 80.0]])
     one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
         "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
     try:
@@ -254,7 +242,7 @@ def _preset_files(tmp_path, **fields):
     plain.write_text(json.dumps(preset))
     for k, v in fields.items():
         preset[k] = {"value": v, "source": "test fixture"}
-    other = DATA / f"_{tmp_path.name}-lock.json"
+    other = DATA / f"_{tmp_path.name}-with.json"
     other.write_text(json.dumps(preset))
     return plain, other
 

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+
+from kvsim.calibration.concurrency_judge import median_of
 
 
 def writer_rows(calls: list[dict]) -> list[dict]:
@@ -81,11 +81,6 @@ def _q(values: list[float], q: float) -> float | None:
     return float(np.quantile(values, q)) if values else None
 
 
-def _med(values: list) -> float | None:
-    vals = [v for v in values if v is not None]
-    return statistics.median(vals) if vals else None
-
-
 def summary(runs: list[dict]) -> dict:
     """Per case, from the runs' results (each with ``calls``)."""
     longest, after_holder, free = [], [], []
@@ -101,11 +96,11 @@ def summary(runs: list[dict]) -> dict:
     return {
         "runs": len(runs),
         "longest_per_run": longest,
-        "longest": {k: _med([x[k] for x in longest]) for k in
+        "longest": {k: median_of([x[k] for x in longest]) for k in
                     ("wait_ms", "holders_ms", "latency_ms", "overtook", "overtook_shared")},
         "longest_free_runs": sum(x["free"] for x in longest),
         "judge_per_run": [(r.get("starvation") or {}).get("longest_writer_wait_ms") for r in runs],
-        "judge_writer_wait_ms_median": _med([(r.get("starvation") or {}).get(
+        "judge_writer_wait_ms_median": median_of([(r.get("starvation") or {}).get(
             "longest_writer_wait_ms") for r in runs]),
         "writers": sum(len(writer_rows(r["calls"])) for r in runs),
         "after_holder": {"n": len(lat), "p50_ms": _q(lat, 0.5), "p90_ms": _q(lat, 0.9),
@@ -126,8 +121,8 @@ def derived(cases: dict) -> dict:
     m_alone = [(c["measured"]["after_holder_alone"]["n"], c["measured"]["after_holder_alone"]["p50_ms"],
                 c["predicted"]["after_holder_alone"]["p50_ms"], n) for n, c in cases.items()]
     m = [x for x in m_alone if x[0] and x[1] is not None and x[2] is not None]
-    test_us = _med(judge_free) * 1e3
-    excess = _med([(a - b) * 1e3 for _k, a, b, _n in m])
+    test_us = median_of(judge_free) * 1e3
+    excess = median_of([(a - b) * 1e3 for _k, a, b, _n in m])
     return {
         "lock_test_us": round(test_us, 2),
         "lock_test_us_rule": "median of the judge's writer wait (starvation.longest_writer_wait_ms, "
@@ -139,21 +134,19 @@ def derived(cases: dict) -> dict:
                              "predicted; the median over the cases with such grants on both "
                              "sides; less lock_test_us (the re-test the woken writer pays)",
         "free_runs": len(judge_free),
-        "free_lock_log_wait_ms_median": _med(judge_free),
-        "free_call_record_wait_ms_median": _med(free),
+        "free_lock_log_wait_ms_median": median_of(judge_free),
+        "free_call_record_wait_ms_median": median_of(free),
         "alone_latency": [{"case": n, "n": k, "measured_p50_ms": a, "predicted_p50_ms": b}
                           for k, a, b, n in m],
     }
 
 
 def predict(case, rounds: list[int], cpu: str, root: Path) -> list[dict]:
-    """The judge's predictions of the case's runs (``concurrency_judge.judge_case``'s)."""
-    from kvsim.calibration.concurrency_judge import case_scenario, slim
-    from kvsim.scenario.run import execute
+    """The judge's predictions of the case's runs (``concurrency_judge.predict_run``)."""
+    from kvsim.calibration.concurrency_judge import case_scenario, predict_run
 
     base = case_scenario(case, "sim", cpu, root)
-    return [slim(execute(replace(base, sim=replace(base.sim, gil_seed=base.seed + r - 1))))
-            for r in rounds]
+    return [predict_run(base, r) for r in rounds]
 
 
 def main(argv: list[str] | None = None) -> int:

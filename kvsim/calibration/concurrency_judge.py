@@ -463,16 +463,22 @@ def _writer(r: dict) -> dict:
     return r.get("starvation") or {}
 
 
-def judge_case(case: Case, runs: list[Run], executor: str, cpu_model: str, root: Path) -> dict:
+def predict_run(base, round_no: int) -> dict:
+    """The simulator's prediction of a case's run of round ``round_no`` (``base``:
+    :func:`case_scenario` with executor sim): its GIL draws seeded by the round, slimmed like
+    the measured runs (call times to 0.1 us) so both are read alike."""
     from kvsim.scenario.run import execute
 
+    return slim(execute(replace(base, sim=replace(base.sim, gil_seed=base.seed + round_no - 1))))
+
+
+def judge_case(case: Case, runs: list[Run], executor: str, cpu_model: str, root: Path) -> dict:
     judged = [r for r in runs if r.status in ("ok", "hang")]
     done = [r for r in judged if r.status == "ok"]
     preds = []
     base = case_scenario(case, "sim", cpu_model, root)
-    for r in judged:  # one prediction per judged run, its GIL draws seeded by the run's round
-        # slimmed like the measured runs (call times to 0.1 us), so both are read alike
-        p = slim(execute(replace(base, sim=replace(base.sim, gil_seed=base.seed + r.round - 1))))
+    for r in judged:  # one prediction per judged run
+        p = predict_run(base, r.round)
         if r.status == "ok":
             _check_same_case(r, r.results, p, executor)
         preds.append(p)
@@ -524,9 +530,9 @@ def judge_case(case: Case, runs: list[Run], executor: str, cpu_model: str, root:
     # Context, not targets: what the longest writer was, how many readers overtook it.
     out["context"] = {
         side: {"longest_writer_api": sorted({str(_writer(r).get("api")) for r in rs}),
-               "readers_entered_while_waiting_median": _median(
+               "readers_entered_while_waiting_median": median_of(
                    [_writer(r).get("readers_entered_while_waiting") for r in rs]),
-               "wait_caused_by_overtaking_readers_ms_median": _median(
+               "wait_caused_by_overtaking_readers_ms_median": median_of(
                    [_writer(r).get("wait_caused_by_overtaking_readers_ms") for r in rs]),
                "violations": sum(len(r.get("violations", [])) for r in rs),
                "failed_calls": sum(1 for r in rs for c in r["calls"] if not c["ok"]),
@@ -538,7 +544,8 @@ def judge_case(case: Case, runs: list[Run], executor: str, cpu_model: str, root:
     return out
 
 
-def _median(values: list) -> float | None:
+def median_of(values: list) -> float | None:
+    """The median of the values that are not None; None when there are none."""
     vals = [v for v in values if v is not None]
     return statistics.median(vals) if vals else None
 

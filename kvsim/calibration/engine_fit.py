@@ -154,11 +154,11 @@ def _fit_free(X: np.ndarray, y: np.ndarray, free: tuple[int, ...],
         c = _log_cost(cand, X, y)
         if c < best_cost:
             best, best_cost = cand, c
-    for start in first + nested:  # then every start and every nested start's result
-        for cand in (start, solve(start)) if any(start is s for s in nested) else (start,):
-            c = _log_cost(cand, X, y)
-            if c < best_cost * (1 - COST_TIE):
-                best, best_cost = cand, c
+    # then every start, and least_squares' result from each nested start
+    for cand in [*first, *(r for start in nested for r in (start, solve(start)))]:
+        c = _log_cost(cand, X, y)
+        if c < best_cost * (1 - COST_TIE):
+            best, best_cost = cand, c
     memo[free] = best
     return best
 

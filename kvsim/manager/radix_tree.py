@@ -136,16 +136,12 @@ class RadixTree:
         # Look the known keys up in one go; hash the rest only if every one of them was found
         # (a walk that gets past them needs the rest).
         nodes: list[Node] = list(map(by_key.get, keys))
+        if None not in nodes and len(keys) < n_full:
+            keys = self.chains.extend(full_raw, keys, n_full)
+            nodes += map(by_key.get, keys[len(nodes):])
         if None in nodes:
             hit = nodes.index(None)
             return nodes[:hit], hit + 1, True
-        if len(keys) < n_full:
-            keys = self.chains.extend(full_raw, keys, n_full)
-            more = list(map(by_key.get, keys[len(nodes):]))
-            if None in more:
-                hit = more.index(None)
-                return nodes + more[:hit], len(nodes) + hit + 1, True
-            nodes += more
         if len(raw) > len(full_raw):
             key = hashlib.sha256((keys[-1] if n_full else b"") + raw[len(full_raw):]).digest()
             node = by_key.get(key)

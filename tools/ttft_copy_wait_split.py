@@ -15,7 +15,9 @@ simulator's prediction of it into:
   on the device) and ``after_ms`` (from the later of that and the last call's end to landed:
   the synchronisation's own cost);
 * ``pass_ms``: landed to the first token (the pass), and for a hardware run with per-pass CUDA
-  events ``pass_host_ms``: the pass less its prefills' CUDA-event time and the modelled decode;
+  events ``prefill_cuda_ms`` (its prefills' CUDA-event time), ``prefill_model_ms`` (their price)
+  and ``pass_minus_prefill_ms`` (the pass less the CUDA-event time: the decode and the host's own
+  time together);
 
 and, per request, which rounds hold the median request's TTFT. Rows are summarised by the
 round's onboarded pages and new tokens.
@@ -81,10 +83,11 @@ def rounds(results: dict) -> list[dict]:
     return rows
 
 
-def add_pass_host(rows: list[dict], results: dict, times) -> None:
-    """``pass_host_ms`` (hardware runs with ``hw.forward.per_pass``): the pass less its
-    prefills' CUDA-event time and its modelled decode. The per-pass list holds the passes with
-    prefills in order; each round is one of them."""
+def add_pass_prefills(rows: list[dict], results: dict, times) -> None:
+    """Hardware runs with ``hw.forward.per_pass``: each round's prefills, their CUDA-event time
+    and price, and the pass less that time (the decode priced for the pass is not in the
+    record, so this is the decode and the host's own time together). The per-pass list holds
+    the passes with prefills in order; each round is one of them."""
     pp = ((results.get("hw") or {}).get("forward") or {}).get("per_pass")
     if not pp or len(pp["prefill_ms"]) != len(rows):
         return
@@ -92,15 +95,7 @@ def add_pass_host(rows: list[dict], results: dict, times) -> None:
         row["prefill_cuda_ms"] = ms
         row["prefill_model_ms"] = sum(times.prefill_seconds(n, c) for n, c in prefills) * 1e3
         row["pass_prefills"] = prefills
-
-
-def add_model(rows: list[dict], times) -> None:
-    for row in rows:
-        if "prefill_model_ms" not in row:
-            continue
-        # the decode priced for that pass is not in the record: pass - prefill (CUDA) is the
-        # decode plus the host's own time; reported as is
-        row["pass_minus_prefill_ms"] = row["pass_ms"] - row["prefill_cuda_ms"]
+        row["pass_minus_prefill_ms"] = row["pass_ms"] - ms
 
 
 BANDS = ((0, 1, "0 onboarded"), (1, 64, "1-63 pages"), (64, 512, "64-511 pages"),
@@ -142,15 +137,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("measured")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    from kvsim.calibration.ttft_judge import _measured, _predicted
+    from kvsim.calibration.ttft_judge import measured_runs, predicted_runs
 
-    measured = _measured(Path(args.measured))
-    predicted, times = _predicted(args.scenario)
+    measured = measured_runs(Path(args.measured))
+    predicted, times = predicted_runs(args.scenario)
     doc = {"scenario": args.scenario, "measured": args.measured, "runs": {}}
     for name in measured:
         m_rows, p_rows = rounds(measured[name]), rounds(predicted[name])
-        add_pass_host(m_rows, measured[name], times[name])
-        add_model(m_rows, times[name])
+        add_pass_prefills(m_rows, measured[name], times[name])
         doc["runs"][name] = {"measured": {"summary": summarise(m_rows),
                                           "median": median_request(m_rows), "rounds": m_rows},
                              "predicted": {"summary": summarise(p_rows),

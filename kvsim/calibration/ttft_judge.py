@@ -29,7 +29,7 @@ SHOWN = ("hit_rate", "queue_p50_ms", "queue_p99_ms", "copy_wait_p50_ms", "ttft_m
          "gpu_busy_s", "prefill_s", "passes", "failed", "admission_retries")
 
 
-def _measured(directory: Path) -> dict[str, dict]:
+def measured_runs(directory: Path) -> dict[str, dict]:
     """Run name (``base`` and each variant) -> its results object."""
     def load(folder: Path) -> dict:
         path = first_existing(folder, "results.json")
@@ -70,7 +70,7 @@ def pass_bands(forward: dict, times) -> list[dict]:
     return rows
 
 
-def _predicted(scenario_file: str, overrides: list[str] | None = None) -> tuple[dict[str, dict], dict]:
+def predicted_runs(scenario_file: str, overrides: list[str] | None = None) -> tuple[dict[str, dict], dict]:
     """The simulator's results per run, and per run the engine times it priced with."""
     from kvsim.llm.engine_time import load_engine_times
     from kvsim.scenario.load import load_scenario_file
@@ -89,8 +89,8 @@ def _predicted(scenario_file: str, overrides: list[str] | None = None) -> tuple[
 def judge(scenario_file: str, measured_dir: str | Path, overrides: list[str] | None = None) -> dict:
     """``overrides`` (``KEY=VALUE``, as ``kvsim run --set``) change the prediction only: a
     what-if, not the pre-registered judgement."""
-    measured = _measured(Path(measured_dir))
-    predicted, times = _predicted(scenario_file, overrides)
+    measured = measured_runs(Path(measured_dir))
+    predicted, times = predicted_runs(scenario_file, overrides)
     out: dict = {"scenario": scenario_file, "target_pct": TARGET_PCT, "runs": {},
                  "prediction_overrides": list(overrides or [])}
     for name, m_res in measured.items():

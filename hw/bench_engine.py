@@ -80,6 +80,7 @@ from hw.bench_prefill import (
     time_samples,
 )
 from kvsim.llm.architectures import ARCHITECTURES, Architecture
+from kvsim.llm.engine_time import PREFILL_ATTENTION
 
 SCHEMA = "kvsim-engine-bench/1"
 # The grids, fixed before any measurement (kvsim.calibration.engine_fit splits each into fit
@@ -299,8 +300,9 @@ class Engine:
         window = arch.sliding_window
         self.flex = (_Flex(torch, window, device) if window is not None and window_kernel == "flex"
                      else None)
-        if prefill_attention not in ("default", "flash"):
-            raise ValueError(f"prefill_attention must be default or flash, got {prefill_attention!r}")
+        if prefill_attention not in PREFILL_ATTENTION:
+            raise ValueError(f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)}, "
+                             f"got {prefill_attention!r}")
         # flash is pinned on CUDA only (the CPU has no such kernel: a smoke run keeps the SDPA path)
         self.flash = (_flash_lower_right(torch) if window is None and self.cuda
                       and prefill_attention == "flash" else None)
@@ -402,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="prefill,decode,head")
     ap.add_argument("--window-kernel", default="flex", choices=("flex", "none"),
                     help="prefill of a sliding-window architecture: compiled flex_attention, or none")
-    ap.add_argument("--prefill-attention", default="default", choices=("default", "flash"),
+    ap.add_argument("--prefill-attention", default="default", choices=PREFILL_ATTENTION,
                     help="full-attention prefill: SDPA's dispatcher (call 3), or the flash kernel pinned")
     ap.add_argument("--grid", default="call3", choices=tuple(GRID_PREFILL),
                     help="the prefill grid: call 3's (new <= 8192, cached <= 32768), call 4's or 5's")

@@ -34,21 +34,28 @@ Every measurement states what it moves and how it is timed (nvbandwidth style):
   the preset's bytes in flight per CTA) at 1, 2, 4, 8, 16, 32, 64 and 132 CTAs plus every CTA
   count :class:`kvsim.model.copy_select.CopySelector` considers for the batch, and ``select``
   (PlanCopier with the selector choosing, its pricing included).
-* **Timing.** :meth:`hw.bench_copy.Bench.measure`: warm-up samples (discarded), then ``samples``
-  timed samples, median reported, every sample kept. ``cuda_events_issue`` (every point, the
-  primary figure): CUDA events on the idle copy stream around the submission, so they bracket the
-  host's submission *and* the copy (what a caller that submits and waits sees; what the executor's
-  ``BatchRecord.device_s`` measures). ``cuda_events_gated`` (where the driver's command queue takes
-  the whole batch while the stream is held: kernel always, ``ce-batch`` up to 4096 copies,
-  ``ce-page`` up to 256): a one-thread gate kernel holds the stream while the host submits, so the
-  events bracket device execution only. ``host_enqueue_ms``: ``perf_counter`` around the submission.
-  GB/s = 1e9 bytes/s of payload, one direction.
+* **Timing.** :meth:`hw.bench_copy.Bench.measure`: warm-up samples (discarded), then timed samples,
+  median reported, every sample kept. How many (:func:`sample_plan`): points the model prices under
+  1 ms end to end take ``--small-samples`` (21), under 10 ms ``--mid-samples`` (7), each in 3
+  passes over the batch's points with one warm-up per pass (so the points of a batch share the
+  host's slow and fast spells); longer points ``--samples`` (5) after one warm-up.
+  ``cuda_events_issue`` (every point, the primary figure): CUDA events on the idle copy stream
+  around the submission, so they bracket the host's submission *and* the copy (what a caller that
+  submits and waits sees; what the executor's ``BatchRecord.device_s`` measures).
+  ``cuda_events_gated`` (where the driver's command queue takes the whole batch while the stream is
+  held: kernel always, ``ce-batch`` up to 4096 copies, ``ce-page`` up to 256): a one-thread gate
+  kernel holds the stream while the host submits, so the events bracket device execution only.
+  ``host_enqueue_ms``: ``perf_counter`` around the submission. GB/s = 1e9 bytes/s of payload, one
+  direction.
 * **Check.** Source pages hold a per-(slot, pool, byte) signature (:meth:`HostDevicePools.fill_signature`);
   destination pools are poisoned with 0xA5. Each point's destination slots are poisoned before it
   runs; after it every destination page is compared with the signature of the source page it came
   from (:meth:`HostDevicePools.verify`), and guard slots (each destination slot's untouched
   neighbours plus up to 1024 random untouched slots) must still hold the poison; then the
-  destination slots are poisoned again.
+  destination slots are poisoned again. A point measured in passes is checked after its first
+  pass; its destination slots are poisoned again after every later pass.
+* **Records.** Compact unless ``--full-records`` (:meth:`PlanBench.add`): times rounded to 0.1 us,
+  per-sample GB/s, host total time and the copier's own event times left out.
 """
 
 from __future__ import annotations
@@ -199,6 +206,33 @@ def selector_pick(hw: Any, batch: dict) -> tuple[str, int | None]:
     return sel.path, (sel.estimate.ctas if sel.path == "kernel" else None)
 
 
+SMALL_POINT_S = 1e-3   # points the model prices below this end to end take --small-samples
+MID_POINT_S = 10e-3    # ... below this --mid-samples; both in ROUNDS passes (run_batch)
+ROUNDS = 3
+
+
+def sample_plan(hw: Any, batch: dict, path: str, ctas: int | None, samples: int,
+                small_samples: int | None, mid_samples: int | None) -> tuple[int, int]:
+    """``(timed samples, rounds)`` of one point: sub-millisecond points (as the model prices
+    them end to end) take ``small_samples``, points under 10 ms ``mid_samples``, both in
+    :data:`ROUNDS` passes; longer points ``samples`` in one pass. None: ``samples``, one pass
+    (the 2026-12-03 protocol)."""
+    from kvsim.model.copy_select import CopySelector
+
+    sel = CopySelector(hw)
+    layout, pages, d = batch["pool_slot_bytes"], int(batch["pages"]), batch["direction"]
+    if path == SELECT:
+        est = sel.choose(d, layout, pages).estimate
+    else:
+        est = sel.price(path, d, layout, pages, True, ctas)
+    t = est.end_to_end_seconds
+    if small_samples and t < SMALL_POINT_S:
+        return max(samples, small_samples), ROUNDS
+    if mid_samples and t < MID_POINT_S:
+        return max(samples, mid_samples), ROUNDS
+    return samples, 1
+
+
 def copies_of(batch: dict, path: str) -> int:
     """Copy calls / descriptors the path enqueues for the batch."""
     npools = len(batch["pool_slot_bytes"])
@@ -226,7 +260,7 @@ def groups(batches: Sequence[dict]) -> list[tuple[tuple, list[dict]]]:
 
 
 def estimate_point_s(hw: Any, batch: dict, path: str, ctas: int | None, warmup: int,
-                     samples: int) -> float:
+                     samples: int, small: int | None = None, mid: int | None = None) -> float:
     """Estimated wall seconds of one point: the model's submit + copy time per run, plus the
     bench's own costs (see the ``EST_`` constants)."""
     from kvsim.model.copy_select import CopySelector
@@ -239,12 +273,13 @@ def estimate_point_s(hw: Any, batch: dict, path: str, ctas: int | None, warmup: 
     else:
         est, real = sel.price(path, d, layout, pages, True, ctas), path
     run = est.end_to_end_seconds + EST_RUN_S
-    runs = warmup + samples
+    n, rounds = sample_plan(hw, batch, path, ctas, samples, small, mid)
+    runs = warmup * rounds + n
     if gateable(batch, real):
         runs *= 2
     nbytes = pages * sum(layout)
     return runs * run + EST_POINT_S + nbytes / (EST_VERIFY_GBPS * 1e9) \
-        + 2 * nbytes / (EST_FILL_GBPS * 1e9 * 4)
+        + (1 + rounds) * nbytes / (EST_FILL_GBPS * 1e9 * 4)
 
 
 def estimate_group_s(key: tuple) -> float:
@@ -255,13 +290,14 @@ def estimate_group_s(key: tuple) -> float:
 
 
 def plan_table(hw: Any, batches: Sequence[dict], quick: bool, warmup: int,
-               samples: int, select_only: bool = False) -> tuple[list[dict], float]:
+               samples: int, select_only: bool = False, small: int | None = None,
+               mid: int | None = None) -> tuple[list[dict], float]:
     rows, total = [], EST_COMPILE_S
     for key, grp in groups(batches):
         total += estimate_group_s(key)
         for b in grp:
             pts = points(hw, b, quick, select_only)
-            secs = sum(estimate_point_s(hw, b, p, c, warmup, samples) for p, c in pts)
+            secs = sum(estimate_point_s(hw, b, p, c, warmup, samples, small, mid) for p, c in pts)
             total += secs
             rows.append({"id": b["id"], "role": b["role"], "direction": b["direction"],
                          "pool_slot_bytes": b["pool_slot_bytes"], "pages": b["pages"],
@@ -348,7 +384,10 @@ class PlanBench(Bench):
         self.section_errors = 0
         self.rng = np.random.default_rng(args.seed)
         self.warmup = int(args.warmup)
-        self.samples = int(args.samples)
+        self.samples = self.base_samples = int(args.samples)
+        self.small_samples = args.small_samples or None
+        self.mid_samples = args.mid_samples or None
+        self.full_records = bool(args.full_records)
         cupy.cuda.Device(self.dev).use()
         self._host_ptrs: list[int] = []
         self.gate_ptr = self._host_alloc(4096)
@@ -429,6 +468,11 @@ class PlanBench(Bench):
         return ok, detail
 
     def run_batch(self, pools: Any, batch: dict, src: np.ndarray, dst: np.ndarray) -> None:
+        """Every point of ``batch``. A point's timed samples (:func:`sample_plan`) are taken in
+        ``rounds`` passes over the batch's points, each pass opening with one warm-up run per
+        point, so that the points of one batch share the host's slow and fast spells alike. Each
+        point's data is checked after its first pass (destination poisoned before, checked,
+        poisoned again); every later pass poisons the destination slots again after it."""
         from hw.executor_copies import PlanCopier
         from kvsim.manager.plan import CopyBatch
         from kvsim.model.copy_select import CopySelector
@@ -447,6 +491,7 @@ class PlanBench(Bench):
                   "direction": batch["direction"], "pool_slot_bytes": list(shape),
                   "pages": int(batch["pages"]), "page_bytes": int(sum(shape)),
                   "order": batch["order"], "pool_slots": batch["pool_slots"]}
+        todo = []
         for path, ctas in points(self.hw, batch, self.quick, self.select_only):
             label = f"{batch['id']} {path}{'' if ctas is None else f' {ctas} CTAs'}"
             if self.time_left() < 0:
@@ -458,34 +503,66 @@ class PlanBench(Bench):
             else:
                 copier = PlanCopier(pools, path=path, stream=self.s1, ctas=ctas)
                 real = path
-            subs: list[Any] = []
+            samples, rounds = sample_plan(self.hw, batch, path, ctas, self.samples,
+                                          self.small_samples, self.mid_samples)
+            todo.append({"path": path, "ctas": ctas, "label": label, "copier": copier, "real": real,
+                         "subs": [], "samples": samples, "rounds": rounds, "meas": {},
+                         "copier_ms": {}, "check": None})
+        if not todo:
+            return
+        for rnd in range(max(t["rounds"] for t in todo)):
+            for t in todo:
+                if rnd >= t["rounds"]:
+                    continue
+                n = t["samples"] // t["rounds"] + (1 if rnd < t["samples"] % t["rounds"] else 0)
+                copier, subs, real = t["copier"], t["subs"], t["real"]
 
-            def fn(copier: Any = copier, subs: list = subs) -> None:
-                subs.extend(copier.submit([cbatch]))
+                def fn(copier: Any = copier, subs: list = subs) -> None:
+                    subs.extend(copier.submit([cbatch]))
 
-            self._poison_slots(pools, dst_level, d_dst)
-            gate = gateable(batch, real) and real not in self.no_gate
-            timings = [("issue", False)] + ([("gated", True)] if gate else [])
-            meas = {}
-            copier_ms: dict[str, list[float]] = {}
-            for tname, gated in timings:
-                subs.clear()
-                meas[tname] = self.measure([(self.s1, fn)], gated=gated)
-                copier.wait()
-                copier_ms[tname] = [r.device_s * 1e3 for r in subs][self.warmup:]
-                if meas[tname].get("gate_overflow"):
-                    self.no_gate.add(real)
-                    self.problems.append(f"{label}: the gate overflowed; no more gated timing of "
-                                         f"path {real} in this run")
-            ok, detail = self._check(pools, batch, src, dst, guards)
-            self._poison_slots(pools, dst_level, d_dst)
-            done = subs[0] if subs else None
-            mech = {"ce-page": "cudaMemcpyAsync per page and pool (copy engine)",
-                    "ce-batch": "one cudaMemcpyBatchAsync for every page and pool, srcAccessOrder="
-                                "Stream (copy engine)",
-                    "kernel": "SM copy kernel (LDGSTS) reading/writing mapped host memory, one "
-                              "launch per pool"}
-            for tname, _ in timings:
+                self._poison_slots(pools, dst_level, d_dst)
+                gate = gateable(batch, real) and real not in self.no_gate
+                timings = [("issue", False)] + ([("gated", True)] if gate else [])
+                if rnd == 0:
+                    t["timings"] = [name for name, _ in timings]
+                for tname, gated in timings:
+                    if tname not in t["timings"]:
+                        continue
+                    subs.clear()
+                    self.samples = n  # Bench.measure takes warm-up + self.samples runs
+                    m = self.measure([(self.s1, fn)], gated=gated)
+                    copier.wait()
+                    if m.get("gate_overflow"):
+                        self.no_gate.add(real)
+                        t["timings"].remove(tname)
+                        t["meas"].pop(tname, None)
+                        self.problems.append(f"{t['label']}: the gate overflowed; no more gated "
+                                             f"timing of path {real} in this run")
+                        if rnd == 0:
+                            t["meas"][tname] = m  # recorded as gate_overflow
+                        continue
+                    acc = t["meas"].setdefault(tname, {k: [] for k in
+                                                       ("stream_ms", "aggregate_ms", "host_enqueue_ms",
+                                                        "host_total_ms", "gate_timed_out")})
+                    acc["stream_ms"] = [a + b for a, b in zip(acc["stream_ms"] or [[]], m["stream_ms"])]
+                    for k in ("aggregate_ms", "host_enqueue_ms", "host_total_ms", "gate_timed_out"):
+                        acc[k] += m[k]
+                    t["copier_ms"].setdefault(tname, []).extend(
+                        r.device_s * 1e3 for r in subs[self.warmup:])
+                    t["done"] = subs[0] if subs else t.get("done")
+                if rnd == 0:
+                    t["check"] = self._check(pools, batch, src, dst, guards)
+                self._poison_slots(pools, dst_level, d_dst)
+        self.samples = self.base_samples
+        mech = {"ce-page": "cudaMemcpyAsync per page and pool (copy engine)",
+                "ce-batch": "one cudaMemcpyBatchAsync for every page and pool, srcAccessOrder="
+                            "Stream (copy engine)",
+                "kernel": "SM copy kernel (LDGSTS) reading/writing mapped host memory, one "
+                          "launch per pool"}
+        for t in todo:
+            path, ctas, real, done = t["path"], t["ctas"], t["real"], t.get("done")
+            ok, detail = t["check"] if t["check"] is not None else (None, "not checked")
+            for tname in [x for x in ("issue", "gated") if x in t["meas"]]:
                 rec = {"name": f"{sk}_to_{dk}_plan_{path}", "section": "plan_batches",
                        "src": sk, "dst": dk, "path": path, "ctas": ctas,
                        "executed_path": done.path if done else real,
@@ -497,11 +574,35 @@ class PlanBench(Bench):
                                      if path == SELECT else mech[path]),
                        "timing": f"cuda_events_{tname}", "params": params,
                        "selector_pick": {"path": pick[0], "ctas": pick[1]},
-                       "copier_device_ms": copier_ms.get(tname, [])}
+                       "rounds": t["rounds"], "copier_device_ms": t["copier_ms"].get(tname, [])}
                 if path == SELECT and done is not None:
                     rec["copier_predicted_device_s"] = done.predicted_device_s
                     rec["copier_predicted_host_s"] = done.predicted_host_s
-                self.add(rec, meas[tname], [nbytes], ok, detail)
+                self.samples = len(t["meas"][tname].get("aggregate_ms", [])) or t["samples"]
+                self.add(rec, t["meas"][tname], [nbytes], ok, detail)
+                self.samples = self.base_samples
+
+    def add(self, rec: dict, meas: dict, bytes_per_stream: list[int], verified: bool | None,
+            detail: str, labels: list[str] | None = None) -> dict:
+        """:meth:`Bench.add`, then (unless ``--full-records``) the record made compact: times
+        rounded to 0.1 us (CUDA events resolve about 0.5 us), ``samples_gbs`` (bytes over each
+        sample), ``host_total_ms`` and ``copier_device_ms`` (the copier's own events, equal to
+        the samples within a microsecond) dropped, and the host enqueue times kept on the
+        ``cuda_events_issue`` records only (the judge reads them there)."""
+        out = super().add(rec, meas, bytes_per_stream, verified, detail, labels)
+        if self.full_records:
+            return out
+        for k in ("samples_gbs", "host_total_ms", "copier_device_ms"):
+            out.pop(k, None)
+        if out.get("timing") != "cuda_events_issue":
+            out.pop("host_enqueue_ms", None)
+        for k in ("samples_ms", "host_enqueue_ms"):
+            if isinstance(out.get(k), list):
+                out[k] = [round(float(x), 4) for x in out[k]]
+        for k in ("median_ms", "median_gbs"):
+            if isinstance(out.get(k), float):
+                out[k] = round(out[k], 4)
+        return out
 
     # -- summary ---------------------------------------------------------------------------------
     def summary(self) -> dict:
@@ -541,6 +642,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=20260123, help="guard-slot sampling")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up samples (default 1)")
     ap.add_argument("--samples", type=int, default=None, help="timed samples (default 5, quick 3)")
+    ap.add_argument("--small-samples", type=int, default=21,
+                    help="timed samples of points the model prices under 1 ms, in 3 passes over "
+                         "the batch's points (default 21; 0: --samples in one pass)")
+    ap.add_argument("--mid-samples", type=int, default=7,
+                    help="the same for points under 10 ms (default 7; 0: --samples in one pass)")
+    ap.add_argument("--full-records", action="store_true",
+                    help="keep every per-sample list at full precision (default: compact records, "
+                         "see PlanBench.add)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="stop starting new points after this many seconds (default 60 quick, "
                          "390 full); what was measured is written")
@@ -558,7 +667,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     blist = load_list(args.batches, args.quick)
     batches = [b for b in blist["batches"] if b.get("quick") or not args.quick]
-    rows, est = plan_table(hw, batches, args.quick, args.warmup, args.samples, args.select_only)
+    rows, est = plan_table(hw, batches, args.quick, args.warmup, args.samples, args.select_only,
+                           args.small_samples or None, args.mid_samples or None)
     if args.dry_run:
         print_plan(rows, est, len(groups(batches)))
         print(f"split: {blist['split']['rule']}")
@@ -582,7 +692,10 @@ def main(argv: list[str] | None = None) -> int:
                   "time": "ms (CUDA event elapsed time)"},
         "provenance": prov,
         "method": (__doc__ or "").split("Every measurement", 1)[-1].strip(),
-        "config": {"warmup": args.warmup, "samples": args.samples, "budget_s": args.budget_s,
+        "config": {"warmup": args.warmup, "samples": args.samples,
+                   "small_samples": args.small_samples, "mid_samples": args.mid_samples,
+                   "small_point_s": SMALL_POINT_S, "mid_point_s": MID_POINT_S, "rounds": ROUNDS,
+                   "compact_records": not args.full_records, "budget_s": args.budget_s,
                    "seed": args.seed, "poison_byte": POISON, "base_ctas": list(BASE_CTAS),
                    "quick_ctas": list(QUICK_CTAS), "gated_perpage_max_copies": GATED_PERPAGE_MAX,
                    "gated_batch_max_copies": GATED_BATCH_MAX, "guard_sample": GUARD_SAMPLE,

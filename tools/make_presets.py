@@ -120,6 +120,7 @@ def borrowed_preset(name, description, gpu, link, ce_count, ce_plateau, sm_count
         "batch_descriptor_host_us": "H200_DESC_HOST",
         "batch_small_copy_host_us_per_kib": NOT_MEASURED_SMALL_COPY,
         "batch_small_copy_max_bytes": S(0, "not measured on this GPU: no small-copy term"),
+        "batch_lead_descriptors": S(0, "not measured on this GPU: the device starts after the whole call"),
         "batch_curve": {"offload": H100_CURVE, "onboard": H100_CURVE}},
       "kernel": {
         "sm_count": sm_count,

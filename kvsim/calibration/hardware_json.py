@@ -104,6 +104,8 @@ def measured_preset(name: str, description: str, copy_bench: str,
             "batch_small_copy_host_us_per_kib": {
                 d: S(0.0, "not measured (no plan-batches run given): no small-copy term") for d in DIRS},
             "batch_small_copy_max_bytes": S(0, "not measured (no plan-batches run given)"),
+            "batch_lead_descriptors": S(0, "not measured (no plan-batches run given): the device "
+                                           "starts after the whole call"),
             "batch_curve": {d: [[fitted(pb, r_curve, 0), fitted(g, r_curve)]
                                 for pb, g in pd[d]["batch_curve"]] for d in DIRS}},
         "kernel": {
@@ -172,10 +174,12 @@ def _add_plan_batches(data: dict, path: str) -> None:
     from kvsim.calibration.packed import read_json
 
     meas = read_json(path)
-    _, report = plan_batch_fit.refit(hardware_from_dict(data, f"{data['name']} (being fitted)"), meas)
+    _, report = plan_batch_fit.refit(hardware_from_dict(data, f"{data['name']} (being fitted)"), meas,
+                                     roles=None)
     prov = meas["provenance"]
     label = (f"{path} ({prov['gpu_name']}, driver {prov['nvml_start']['driver_version']}, "
-             f"{prov['date_utc'][:10]}): kvsim.calibration.plan_batch_fit, fit set only")
+             f"{prov['date_utc'][:10]}): kvsim.calibration.plan_batch_fit, every batch of the file "
+             f"(PROTOCOL-2.md)")
     rule_of = {}
     for rule_key, rule in plan_batch_fit.FIT_RULES.items():
         section = None

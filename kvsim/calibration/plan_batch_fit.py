@@ -1,11 +1,14 @@
 """Refitting the copy model to the fit set of the plan-shaped batches (``hw.bench_plan_batches``).
 
-Only batches whose pre-registered role (:func:`kvsim.calibration.plan_batches.role`) is ``fit`` are
-read: the layout sweep's scattered 2 x 8 KiB, 1 x 64 KiB and 1 x 1 MiB batches, both directions.
-The judged batches never enter. Each rule below names what it fits and from which points
+Which batches are read is :func:`refit`'s ``roles``: ``("fit",)`` (PROTOCOL.md: the layout
+sweep's scattered 2 x 8 KiB, 1 x 64 KiB and 1 x 1 MiB batches, both directions) or None, every
+batch of the file (PROTOCOL-2.md: the whole 2026-12-03 file is the fit set and a new measurement
+the judged one; the presets use this). Each rule below names what it fits and from which points
 (:data:`FIT_RULES`); every other figure stays as the hardware spec given has it.
 
-Host time (median host enqueue time of the end-to-end samples), by non-negative least squares:
+Host time (median host enqueue time of the end-to-end samples), by non-negative, robust least
+squares of the log error (:func:`robust_linear`: soft-L1 loss, 5 % scale; the host's speed moves
+in phases of seconds during a run, and such a fit follows the typical point, not the phases):
 
 * ``copy_engine.per_call_host_us`` and ``copier.submit_copy_engine_host_us``: per-page copies of
   pages below 64 KiB, host time on (1, ``cudaMemcpyAsync`` calls). Larger pages are left out:
@@ -18,6 +21,10 @@ Host time (median host enqueue time of the end-to-end samples), by non-negative 
   more per descriptor onboard, its 64 KiB and 1 MiB pages do not.
 * ``copier.submit_batch_host_us``, ``submit_page_host_us``: kernel points, host time less one
   ``kernel.launch_host_us`` per launch, on (1, pages).
+* ``copy_engine.batch_lead_descriptors`` (after the host terms): how many descriptors the
+  ``cudaMemcpyBatchAsync`` call takes before the device starts, by a grid search on the
+  end-to-end times of the batched points (large batches show the device starting while the
+  host still builds the call: 20,000 descriptors of 64 KiB end 30 % before host + device).
 
 End-to-end time (median ``cuda_events_issue``: submission start to last byte), per direction,
 minimising a robust sum of squared log errors of
@@ -45,17 +52,21 @@ from kvsim.hardware.spec import DIRECTIONS, HardwareSpec, PerDirection
 from kvsim.model.copy_select import CopySelector
 
 SMALL_COPY_MAX_BYTES = 64 * 1024
+HOST_FIT = "non-negative, robust least squares of log error (soft-L1, 5 % scale)"
 FIT_RULES = {
     "copy_engine.per_call_host_us, copier.submit_copy_engine_host_us":
-        "per-page copies of pages < 64 KiB: host enqueue time on (1, calls), non-negative least "
-        "squares of relative error",
+        f"per-page copies of pages < 64 KiB: host enqueue time on (1, calls), {HOST_FIT}",
     "copy_engine.batch_call_host_us, batch_descriptor_host_us, batch_small_copy_host_us_per_kib":
         "cudaMemcpyBatchAsync host enqueue time on (1, descriptors, KiB of descriptors < 64 KiB) per "
-        "direction, non-negative least squares",
-    "copy_engine.batch_small_copy_max_bytes": "64 KiB: the fit set's 8 KiB pages cost the host more "
-                                              "per descriptor onboard, its 64 KiB and 1 MiB pages do not",
+        f"direction, {HOST_FIT}",
+    "copy_engine.batch_small_copy_max_bytes": "64 KiB: 4, 8 and 16 KiB pages cost the host more "
+                                              "per descriptor onboard, 64 KiB and larger pages do not",
+    "copy_engine.batch_lead_descriptors":
+        "cudaMemcpyBatchAsync points: end-to-end time, the grid value (0, 1000-40000 by 500) of "
+        "least robust log loss: the device starts once the call has taken this many descriptors",
     "copier.submit_batch_host_us, submit_page_host_us": "kernel points: host enqueue time less one "
-                                                        "launch_host_us per launch, on (1, pages)",
+                                                        f"launch_host_us per launch, on (1, pages), "
+                                                        f"{HOST_FIT}",
     "copy_engine.per_copy_device_us": "per-page copy points: end-to-end time, robust least squares "
                                       "of log error",
     "kernel.latency_us, per_cta_max_gbps, page_latency_us, knee_p, plateau_gbps, "
@@ -89,12 +100,13 @@ class Point:
         return self.pages * len(self.pool_slot_bytes)
 
 
-def fit_points(measurement: dict) -> list[Point]:
-    """The fixed-path points of the measurement's fit-role batches."""
+def fit_points(measurement: dict, roles: tuple[str, ...] | None = ("fit",)) -> list[Point]:
+    """The fixed-path points of the measurement's batches whose pre-registered role is one of
+    ``roles`` (None: every batch of the file)."""
     measured, _ = measured_points(measurement)
     points = []
     for b in measurement["batches"]:
-        if role(b) != "fit":
+        if roles is not None and role(b) not in roles:
             continue
         for key, m in sorted(measured.get(b["id"], {}).items()):
             path, _, c = key.partition(":")
@@ -142,17 +154,41 @@ def _robust_fit(hw: HardwareSpec, points: list[Point], names: list[tuple[str, st
     return spec(res.x)
 
 
-def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
-    """``(refitted spec, report)``: the report holds each fitted figure and the fit set's errors."""
-    pts = [p for p in fit_points(measurement) if p.issue_s]
+def robust_linear(rows: list[list[float]], y: list[float],
+                  offset: list[float] | None = None) -> np.ndarray:
+    """Non-negative coefficients ``c`` minimising a robust sum of squared log errors of
+    ``offset + rows @ c`` against ``y`` (soft-L1 loss, 5 % scale), started from the non-negative
+    least squares of relative error: a few phases of a slower or faster host (see the
+    plan-batches README) move such a fit less than they move a least-squares one."""
+    from scipy.optimize import least_squares
+
+    a = np.asarray(rows, dtype=float)
+    yv = np.asarray(y, dtype=float)
+    off = np.zeros(len(yv)) if offset is None else np.asarray(offset, dtype=float)
+    x0 = np.maximum(np.asarray(relative_nnls(rows, list(yv - off), list(yv)), dtype=float), 0.0)
+    scale = np.maximum(np.abs(x0), 1e-3)
+
+    def residuals(z: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(off + a @ (z * scale), 1e-12) / yv)
+
+    res = least_squares(residuals, x0 / scale, bounds=(0.0, np.inf), loss="soft_l1", f_scale=0.05)
+    return res.x * scale
+
+
+def refit(hw: HardwareSpec, measurement: dict,
+          roles: tuple[str, ...] | None = ("fit",)) -> tuple[HardwareSpec, dict]:
+    """``(refitted spec, report)``: the report holds each fitted figure and the fit points'
+    errors. ``roles``: the batches fitted, by pre-registered role (None: every batch of the
+    file, the rule since PROTOCOL-2.md)."""
+    pts = [p for p in fit_points(measurement, roles) if p.issue_s]
     if not pts:
-        raise ValueError("the measurement holds no fit-set points (role 'fit')")
-    report: dict = {"points": len(pts), "rules": FIT_RULES}
+        raise ValueError(f"the measurement holds no points of roles {roles}")
+    report: dict = {"points": len(pts), "roles": list(roles) if roles else "all", "rules": FIT_RULES}
 
     # Host: per-page calls (pages < 64 KiB)
     page = [p for p in pts if p.path == "ce-page" and p.host_s
             and max(p.pool_slot_bytes) < SMALL_COPY_MAX_BYTES]
-    x = relative_nnls([[1.0, float(p.copies)] for p in page], [p.host_s * 1e6 for p in page])
+    x = robust_linear([[1.0, float(p.copies)] for p in page], [p.host_s * 1e6 for p in page])
     hw = _set(hw, "copy_engine", "per_call_host_us", float(x[1]))
     hw = replace(hw, copier=replace(hw.copier, submit_copy_engine_host_us=float(x[0])))
 
@@ -164,7 +200,7 @@ def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
         small_kib = sum(p.pages * sb / 1024 for sb in p.pool_slot_bytes if sb < SMALL_COPY_MAX_BYTES)
         rows.append([1.0, p.copies if off else 0.0, 0.0 if off else p.copies,
                      small_kib if off else 0.0, 0.0 if off else small_kib])
-    x = relative_nnls(rows, [p.host_s * 1e6 for p in batch])
+    x = robust_linear(rows, [p.host_s * 1e6 for p in batch])
     hw = replace(hw, copy_engine=replace(
         hw.copy_engine, batch_call_host_us=float(x[0]),
         batch_descriptor_host_us=PerDirection(offload=float(x[1]), onboard=float(x[2])),
@@ -174,11 +210,16 @@ def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
     # Host: the copier's kernel submission
     kern = [p for p in pts if p.path == "kernel" and p.host_s]
     launch = hw.kernel.launch_host_us
-    x = relative_nnls([[1.0, float(p.pages)] for p in kern],
-                       [p.host_s * 1e6 - len(p.pool_slot_bytes) * launch for p in kern],
-                       [p.host_s * 1e6 for p in kern])
+    x = robust_linear([[1.0, float(p.pages)] for p in kern],
+                      [p.host_s * 1e6 for p in kern],
+                      offset=[len(p.pool_slot_bytes) * launch for p in kern])
     hw = replace(hw, copier=replace(hw.copier, submit_batch_host_us=float(x[0]),
                                     submit_page_host_us=float(x[1])))
+
+    # cudaMemcpyBatchAsync: after how many descriptors the device starts (grid search)
+    batch = [p for p in pts if p.path == "ce-batch"]
+    if batch:
+        hw, report["batch_lead_search"] = _fit_batch_lead(hw, batch)
 
     # End to end, per direction
     for d in DIRECTIONS:
@@ -210,6 +251,30 @@ def refit(hw: HardwareSpec, measurement: dict) -> tuple[HardwareSpec, dict]:
     return hw, report
 
 
+LEAD_GRID = (0,) + tuple(range(1000, 40001, 500))
+
+
+def _fit_batch_lead(hw: HardwareSpec, batch: list[Point]) -> tuple[HardwareSpec, dict]:
+    """``copy_engine.batch_lead_descriptors``: the value of :data:`LEAD_GRID` whose end-to-end
+    times of the ``cudaMemcpyBatchAsync`` points have the least robust log loss (soft-L1, 5 %
+    scale, as the other end-to-end fits); ties keep the smaller value (0: the whole call)."""
+    meas = np.array([p.issue_s for p in batch])
+
+    def loss(spec: HardwareSpec) -> float:
+        z = (np.log(np.array([_e2e(spec, p) for p in batch]) / meas) / 0.05) ** 2
+        return float(np.sum(2 * (np.sqrt(1 + z) - 1)))
+
+    best = None
+    for lead in LEAD_GRID:
+        spec = replace(hw, copy_engine=replace(hw.copy_engine, batch_lead_descriptors=float(lead)))
+        cost = loss(spec)
+        if best is None or cost < best[0] - 1e-9:
+            best = (cost, lead, spec)
+    assert best is not None
+    return best[2], {"grid": [LEAD_GRID[0], LEAD_GRID[1], LEAD_GRID[-1]], "best": best[1],
+                     "loss": best[0]}
+
+
 def figures(hw: HardwareSpec) -> dict:
     """The figures :func:`refit` sets, as plain numbers (``{section: {field: value}}``)."""
     ce, k, c = hw.copy_engine, hw.kernel, hw.copier
@@ -223,7 +288,8 @@ def figures(hw: HardwareSpec) -> dict:
                         "batch_call_host_us": ce.batch_call_host_us,
                         "batch_descriptor_host_us": pd(ce.batch_descriptor_host_us),
                         "batch_small_copy_host_us_per_kib": pd(ce.batch_small_copy_host_us_per_kib),
-                        "batch_small_copy_max_bytes": ce.batch_small_copy_max_bytes},
+                        "batch_small_copy_max_bytes": ce.batch_small_copy_max_bytes,
+                        "batch_lead_descriptors": ce.batch_lead_descriptors},
         "kernel": {f: pd(getattr(k, f)) for f in KERNEL_FIELDS},
         "copier": {"batch_device_us": pd(c.batch_device_us), "submit_batch_host_us": c.submit_batch_host_us,
                    "submit_page_host_us": c.submit_page_host_us,

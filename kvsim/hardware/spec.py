@@ -95,6 +95,11 @@ class CopyEngineSpec:
     # Batched-copy throughput by page size: [[page_bytes, gbps], ...] per direction, ascending;
     # interpolated in log(page_bytes), clamped at the ends. Captures the small-copy cliff.
     batch_curve: PerDirectionMap(Curve)
+    # The device starts on a cudaMemcpyBatchAsync batch once the call has taken this many
+    # descriptors (the driver hands the batch over in pieces while the host still builds it):
+    # lead = batch_call_host_us + (host time of the descriptors) x min(1, this / descriptors).
+    # 0: only after the whole call.
+    batch_lead_descriptors: FloatRange(0.0, 1e12)
 
 
 @schema

@@ -14,7 +14,8 @@ bidirectional factor when the other direction is busy):
   end to end ``h + t``.
 * ``ce-batch`` -- one ``cudaMemcpyBatchAsync``: ``t = B / min(batch_curve(page_bytes), ce_plateau,
   link)``, the curve holding the small-copy cliff; host: ``batch_call_host_us +
-  pages * batch_descriptor_host_us``.
+  pages * batch_descriptor_host_us`` (plus the small-copy term); the device starts once the call
+  has taken ``batch_lead_descriptors`` descriptors (:func:`batch_lead`; 0: after the whole call).
 * ``kernel``   -- the LDGSTS kernel on N CTAs with b bytes in flight each: Little's law per CTA,
   ``lambda = b / (latency + b / per_cta_max)``; ``X(N) = min(N*lambda, Xmax)`` (hard clamp) or
   ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)`` (soft knee); times the tiling efficiency of
@@ -34,7 +35,8 @@ per batch: ``copier.batch_device_us`` before the launch runs (the slot-index upl
 End to end (submission start to last byte, what a caller that submits and waits sees) is
 ``max(host_seconds, lead_seconds + seconds)`` = ``host_seconds + seconds - overlap_seconds``: the
 device starts ``lead_seconds`` into the submission (:func:`lead_seconds`): ``ce-batch`` once its
-call is done, ``ce-page`` after its first call (as above), the copier's kernel after its launch.
+call is done (or its first ``batch_lead_descriptors`` descriptors), ``ce-page`` after its first
+call (as above), the copier's kernel after its launch.
 """
 
 from __future__ import annotations
@@ -207,7 +209,20 @@ def lead_seconds(hw: HardwareSpec, req: CopyRequest, host: float | None = None) 
         return host - (req.pages - 1) * hw.copy_engine.per_call_host_us * 1e-6
     if req.path == "kernel" and req.via_copier:
         return max(0.0, host - hw.copier.submit_after_launch_host_us[req.direction] * 1e-6)
+    if req.path == "ce-batch":
+        return batch_lead(hw, host, req.pages)
     return host
+
+
+def batch_lead(hw: HardwareSpec, host: float, descriptors: int) -> float:
+    """Host time into a ``cudaMemcpyBatchAsync`` call of ``host`` seconds and ``descriptors``
+    descriptors after which the device starts: the call's fixed cost, then the share of the
+    descriptors' host time up to ``copy_engine.batch_lead_descriptors`` (0: the whole call)."""
+    first = hw.copy_engine.batch_lead_descriptors
+    if not first or descriptors <= first:
+        return host
+    call = min(host, hw.copy_engine.batch_call_host_us * 1e-6)
+    return call + (host - call) * first / descriptors
 
 
 def device_work(hw: HardwareSpec, req: CopyRequest) -> DeviceWork:

@@ -44,6 +44,7 @@ from kvsim.model.copy_paths import (
     PATHS,
     CopyEstimate,
     CopyRequest,
+    batch_lead,
     estimate,
     overlap_of,
 )
@@ -66,14 +67,18 @@ class Selection:
         return self.estimate.end_to_end_seconds
 
 
-def _combine(path: str, direction: str, parts: Sequence[CopyEstimate], num_bytes: int,
-             host_adjust_s: float = 0.0) -> CopyEstimate:
+def _combine(hw: HardwareSpec, path: str, direction: str, parts: Sequence[CopyEstimate],
+             num_bytes: int, descriptors: int, host_adjust_s: float = 0.0) -> CopyEstimate:
     seconds = sum(p.seconds for p in parts)
     host = sum(p.host_seconds for p in parts) + host_adjust_s
     # the pools run one after another on the device, from the first one's start; one
-    # cudaMemcpyBatchAsync call holds every pool's descriptors: the device starts after it
+    # cudaMemcpyBatchAsync call holds every pool's descriptors: the device starts once the call
+    # has taken its first batch_lead_descriptors of them (all of them when that is 0)
     first = parts[0]
-    lead = host if path == "ce-batch" or first.lead_seconds is None else first.lead_seconds
+    if path == "ce-batch":
+        lead = batch_lead(hw, host, descriptors)
+    else:
+        lead = host if first.lead_seconds is None else first.lead_seconds
     return CopyEstimate(
         path=path, direction=direction, seconds=seconds,
         gbps=num_bytes / seconds / GB if seconds > 0 else math.inf,
@@ -134,7 +139,8 @@ class CopySelector:
         adjust = 0.0
         if path == "ce-batch":  # one cudaMemcpyBatchAsync call for every pool, not one per pool
             adjust = -(len(parts) - 1) * self.hw.copy_engine.batch_call_host_us * 1e-6
-        return _combine(path, direction, parts, pages * sum(pool_slot_bytes), adjust)
+        return _combine(self.hw, path, direction, parts, pages * sum(pool_slot_bytes),
+                        pages * len(parts), adjust)
 
     def choose(self, direction: str, pool_slot_bytes: Sequence[int], pages: int,
                aligned: bool = True) -> Selection:

@@ -324,3 +324,104 @@ def test_a_negative_lock_term_is_refused_naming_the_file_and_key(tmp_path, key):
     path.write_text(json.dumps(preset))
     with pytest.raises(ConfigError, match=rf"cpu\.json: {key}: "):
         load_cpu_model(path)
+
+
+def test_sleep_retakes_gil_puts_the_wait_for_the_gil_before_the_calls_start(tmp_path):
+    """sleep_retakes_gil: a sleep ends only when its thread holds the GIL again (time.sleep does),
+    so every call after a sleep starts holding it: its first Python takes python_call_us / 2 and
+    its lock request follows at once; without the switch some such calls wait for the GIL inside."""
+    plain, retake = _preset_files(tmp_path, sleep_retakes_gil=True)
+    paced = PROBE + "  probe_interval_us: 3\n"
+    try:
+        base = _run_with(tmp_path, paced, plain.name)
+        moved = _run_with(tmp_path, paced, retake.name)
+    finally:
+        plain.unlink()
+        retake.unlink()
+
+    def pre_ms(results):
+        out = []
+        for t in {c["thread"] for c in results["calls"] if c["thread"].startswith("probe")}:
+            mine = sorted((c for c in results["calls"] if c["thread"] == t),
+                          key=lambda c: c["start_ms"])
+            out += [c["lock_requested_ms"] - c["start_ms"] for c in mine[1:]]
+        return out
+
+    half_ms = 2.0 / 2 * 1e-3  # toy-cpu's python_call_us / 2
+    assert max(pre_ms(base)) > half_ms + 1e-6
+    assert pre_ms(moved) == pytest.approx([half_ms] * len(pre_ms(moved)), abs=1e-9)
+    assert not moved["deadlocks"] and all(c["ok"] for c in moved["calls"])
+
+
+def test_cond_mutex_blocked_threads_are_woken_one_per_release_in_order():
+    """The Condition's mutex: taken at once when free; a release wakes the first blocked thread;
+    a woken thread that lost the race is first in line again."""
+    import simpy
+
+    from kvsim.sim.rwlock import CondMutex
+
+    m = CondMutex(simpy.Environment())
+    assert m.take("a") and not m.take("b")
+    b, c = m.block("b"), m.block("c")
+    m.release("a")
+    assert b.triggered and not c.triggered and m.owner is None
+    assert m.take("d")  # a thread holding the GIL takes it before the woken b runs
+    b2 = m.block("b", first=True)
+    m.release("d")
+    assert b2.triggered and not c.triggered and m.blocks == 2
+    with pytest.raises(RuntimeError):
+        m.release("x")
+
+
+def test_lock_mutex_costs_nothing_uncontended_and_blocks_under_contention(tmp_path):
+    """lock_mutex: one thread alone pays its lock test and release out of python_call_us (the same
+    latency as without the mutex); eight threads whose GIL changes hands every 2-4 us find the
+    mutex held and block on it, so probes take longer; every call still succeeds, no deadlock."""
+    import json
+
+    import numpy as np
+
+    from kvsim.model.cpu_cost import load_cpu_model
+
+    plain, terms = _preset_files(tmp_path, lock_test_us=0.4)
+    preset = json.loads(terms.read_text())
+    for k, v in (("lock_release_us", 0.4), ("lock_mutex", True)):
+        preset[k] = {"value": v, "source": "test fixture"}
+    mutex = DATA / f"_{tmp_path.name}-mutex.json"
+    mutex.write_text(json.dumps(preset))
+    one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
+        "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
+    try:
+        assert load_cpu_model(mutex).lock_mutex and not load_cpu_model(terms).lock_mutex
+        alone = [_run_with(tmp_path, one_thread, p.name) for p in (terms, mutex)]
+        busy = [_run_with(tmp_path, PROBE, p.name, "writer") for p in (terms, mutex)]
+    finally:
+        for p in (plain, terms, mutex):
+            p.unlink()
+    a, b = ([c for c in r["calls"] if c["thread"] == "probe0"] for r in alone)
+    assert len(a) == len(b) == 25
+    for x, y in zip(a, b):
+        assert y["latency_ms"] == pytest.approx(x["latency_ms"], abs=1e-9)
+        assert y["lock_wait_ms"] == pytest.approx(0.0004, abs=1e-9)
+    for r in busy:
+        assert not r["deadlocks"] and all(c["ok"] for c in r["calls"])
+
+    def p50(r):
+        return float(np.median([c["latency_ms"] for c in r["calls"]
+                                if c["api"] == "KVCacheManager.probe_reuse"]))
+
+    assert p50(busy[1]) > p50(busy[0])
+
+
+def test_a_bad_lock_mutex_switch_is_refused_naming_the_file_and_key(tmp_path):
+    import json
+
+    from kvsim.errors import ConfigError
+    from kvsim.model.cpu_cost import load_cpu_model
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    preset["lock_mutex"] = {"value": 1, "source": "test fixture"}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(preset))
+    with pytest.raises(ConfigError, match=r"cpu\.json: lock_mutex: "):
+        load_cpu_model(path)

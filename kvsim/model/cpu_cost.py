@@ -65,6 +65,19 @@ class CpuCostModel:
     # A Python manager's lock, 0 where not measured: time a waiter woken by a release takes to
     # run again (without the GIL) before it queues for the GIL to re-test.
     lock_wake_us: float = 0.0
+    # A Python manager's lock, off where not measured: model the threading.Condition's own mutex
+    # (an RLock) that every acquire, release and woken re-test of hw.rwlock holds. A thread that
+    # finds it held blocks without the GIL; woken by its release (lock_wake_us later) it takes the
+    # mutex and only then queues for the GIL, holding it: under a busy GIL the lock's operations
+    # form a convoy (kvsim.sim.rwlock.CondMutex).
+    lock_mutex: bool = False
+    # With lock_mutex, 0 where not measured: host time (holding the GIL and the mutex) of a
+    # release (hw.rwlock's release and notify_all), taken out of python_call_us as the first test is.
+    lock_release_us: float = 0.0
+    # Off where not measured: a thread's sleep ends only when it holds the GIL again (time.sleep
+    # re-takes it before returning), so the wait for the GIL after a sleep lies before the next
+    # call's start, as on real threads, not inside the call.
+    sleep_retakes_gil: bool = False
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def after_sleep_s(self, slept_s: float) -> float:
@@ -147,8 +160,23 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         after_sleep_us=_after_sleep(path, data, sources, speed),
         lock_test_us=optional("lock_test_us", 0.0) * speed,
         lock_wake_us=optional("lock_wake_us", 0.0) * speed,
+        lock_mutex=_flag(path, data, "lock_mutex", sources),
+        lock_release_us=optional("lock_release_us", 0.0) * speed,
+        sleep_retakes_gil=_flag(path, data, "sleep_retakes_gil", sources),
         sources=sources,
     )
+
+
+def _flag(path: Path, data: dict, key: str, sources: dict[str, str]) -> bool:
+    """An optional switch: {"value": true|false, "source": "..."}; absent: False."""
+    entry = data.get(key)
+    if entry is None:
+        return False
+    if not isinstance(entry, dict) or set(entry) != {"value", "source"} \
+            or not isinstance(entry["value"], bool):
+        raise ConfigError(f"{path}: {key}: write {{\"value\": true or false, \"source\": \"...\"}}")
+    sources[key] = str(entry["source"])
+    return entry["value"]
 
 
 def _after_sleep(path: Path, data: dict, sources: dict[str, str],

@@ -11,7 +11,8 @@ this module performs the pipeline's effects in simulated time:
 * **the lock**: the SimPy reader-writer lock (:mod:`kvsim.sim.rwlock`), reader- or
   writer-preferring; a Python manager's waiter re-tests after each release, holding the GIL
   (with the CPU preset's optional ``lock_test_us`` per test and ``lock_wake_us`` before a woken
-  waiter runs again);
+  waiter runs again; with ``lock_mutex`` through the Condition's own mutex,
+  :mod:`kvsim.sim.lock_convoy`); with ``sleep_retakes_gil`` a sleep ends holding the GIL;
 * **the manager call**: the real manager runs the call at this instant and returns its plan;
 * **callbacks**: priority-callback and event-sink calls re-take the GIL under the lock,
   ``callback_us`` each;
@@ -46,9 +47,10 @@ from kvsim.model.cpu_cost import CpuCostModel
 from kvsim.runtime import pipeline
 from kvsim.runtime.records import Deadlock, GilStats, RunResult, StuckThread
 from kvsim.runtime.steps import GpuTimes, Step
+from kvsim.sim import lock_convoy
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
-from kvsim.sim.rwlock import LockHazardError, ReentrantSharedMutex
+from kvsim.sim.rwlock import CondMutex, LockHazardError, ReentrantSharedMutex
 from kvsim.sim.stream import CopyStream
 
 MAIN_THREAD = "MainThread"  # Python's name for the thread that starts the workload threads
@@ -127,6 +129,12 @@ class SimExecutor:
                        p.SpendCpu: self._do_cpu, p.SubmitCopies: self._do_submit,
                        p.WaitCopies: self._do_wait_copies, p.SleepFor: self._do_sleep,
                        p.SleepUntil: self._do_sleep_until, p.Compute: self._do_compute}
+        # The Condition's own mutex (CPU preset lock_mutex): the lock's steps go through it.
+        self.mutex = CondMutex(self.env) if cpu.lock_mutex and self.lock.recheck else None
+        if self.mutex is not None:
+            del self._plain[p.ReleaseLock]
+            self._timed[p.AcquireLock] = lambda e: lock_convoy.acquire(self, e)
+            self._timed[p.ReleaseLock] = lambda e: lock_convoy.release(self, e)
         self._last_copy: dict[str, simpy.Event] = {}  # thread -> its last copy batch's event
         self.deadlocks: list[Deadlock] = []
         # thread -> [Thread.start() called, the thread's first Python] (when starts are modelled)
@@ -314,6 +322,8 @@ class SimExecutor:
         yield self.env.timeout(e.seconds)
         if self.cpu.after_sleep_us:
             self._slept[e.thread] = e.seconds
+        if self.cpu.sleep_retakes_gil:  # time.sleep returns holding the GIL
+            yield from self._take_gil(e.thread, "time.sleep")
 
     def _do_sleep_until(self, e: pipeline.SleepUntil):
         self.gil.release_fully(e.thread)
@@ -322,6 +332,8 @@ class SimExecutor:
             yield self.env.timeout(slept)
             if self.cpu.after_sleep_us:
                 self._slept[e.thread] = slept
+        if self.cpu.sleep_retakes_gil:
+            yield from self._take_gil(e.thread, "time.sleep")
 
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up

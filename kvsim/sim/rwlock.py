@@ -31,7 +31,7 @@ from kvsim.runtime.apis import LockMode
 from kvsim.runtime.lock_holds import LockHolds
 from kvsim.runtime.records import Acquisition, LockHazardError
 
-__all__ = ["LockHazardError", "ReentrantSharedMutex"]
+__all__ = ["CondMutex", "LockHazardError", "ReentrantSharedMutex"]
 
 
 class ReentrantSharedMutex(LockHolds):
@@ -128,3 +128,48 @@ class ReentrantSharedMutex(LockHolds):
                     self._grant_waiting(acq, event)
                     break
         # Under writer preference readers queued behind a writer that was just granted stay queued.
+
+
+class CondMutex:
+    """The mutex of the hardware executor's ``threading.Condition`` (an RLock), for a Python
+    manager whose CPU preset sets ``lock_mutex``: every acquire, release and woken re-test of
+    :class:`hw.rwlock.ThreadedSharedMutex` runs inside ``with self._cond``.
+
+    CPython's lock: a thread holding the GIL takes a free mutex at once; finding it held, it
+    releases the GIL and blocks. A release wakes one blocked thread (:meth:`release`); woken, it
+    takes the mutex if it is still free (another thread holding the GIL may have taken it
+    meanwhile: then it blocks again, first in line), and only then re-takes the GIL, holding the
+    mutex while it queues. The executor (:meth:`SimExecutor._mutex`) drives those steps; this
+    class keeps the owner and the blocked threads."""
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self.owner: str | None = None
+        self._blocked: deque[tuple[str, simpy.Event]] = deque()
+        self.blocks = 0  # times a thread found the mutex held and blocked
+
+    def take(self, thread: str) -> bool:
+        """Take the mutex if it is free; whether ``thread`` holds it now."""
+        if self.owner is None:
+            self.owner = thread
+            return True
+        return self.owner == thread
+
+    def block(self, thread: str, first: bool = False) -> simpy.Event:
+        """Block ``thread`` on the held mutex: an event that succeeds when a release wakes it
+        (``first``: at the head of the line, for a woken thread that lost the race)."""
+        event = self.env.event()
+        if first:
+            self._blocked.appendleft((thread, event))
+        else:
+            self.blocks += 1
+            self._blocked.append((thread, event))
+        return event
+
+    def release(self, thread: str) -> None:
+        if self.owner != thread:
+            raise RuntimeError(f"{thread} releases the lock's mutex held by {self.owner}")
+        self.owner = None
+        if self._blocked:
+            _thread, event = self._blocked.popleft()
+            event.succeed()

@@ -1,0 +1,132 @@
+"""The hardware executor's lock (hw.rwlock.ThreadedSharedMutex) timed on its own: the source of
+the CPU preset's optional lock terms (reports/validation-h200/concurrency/PROTOCOL-3.md).
+
+Python threads only (no GPU, no manager); every time is the lock's own log (``Acquisition``
+request, grant and release, ``time.perf_counter`` relative to the lock's ``t0``) or
+``time.perf_counter`` around a call.
+
+* ``free`` (one thread, nothing else running): ``n`` exclusive acquisitions of a free lock, each
+  released at once. Per acquisition the lock log's wait (grant - request: the Python of
+  ``_request``, the test and ``_grant`` inside ``with self._cond``) and the duration of the
+  ``release()`` call (``with self._cond``, ``_release`` and ``notify_all`` with no waiter).
+  Medians: ``lock_test_us`` and ``lock_release_us``.
+* ``handover`` for each waiter count k (``--waiters``, default 0,1,3,7): a holder thread holds
+  the lock exclusively; a writer thread and k reader threads request it and block (writer
+  preference, so the readers stay queued behind the writer); once all k+1 wait (the Condition's
+  waiter list says so) and 200 us more, the holder releases. ``notify_all`` wakes all k+1; the
+  writer wins the test (first writer queued), holds for nothing and releases; the readers then
+  enter and leave. Per repetition the writer's grant less the holder's release (lock log).
+  Medians per k; ``lock_wake_us`` = the median at k = 0 less ``lock_test_us`` (the re-test the
+  woken writer pays, as the simulator prices it).
+
+    python3 tools/lock_wake_bench.py OUT.json [--n 2000] [--reps 300] [--waiters 0,1,3,7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hw.rwlock import ThreadedSharedMutex  # noqa: E402
+from kvsim.runtime.apis import LockMode  # noqa: E402
+
+
+def _q(values: list[float]) -> dict:
+    a = np.asarray(values) * 1e6
+    return {"n": int(a.size), "median_us": round(float(np.median(a)), 3),
+            "p10_us": round(float(np.quantile(a, 0.1)), 3),
+            "p90_us": round(float(np.quantile(a, 0.9)), 3)}
+
+
+def free(n: int) -> dict:
+    lock = ThreadedSharedMutex("writer")
+    waits, releases = [], []
+    for i in range(n + 200):  # the first 200 warm up
+        acq = lock.acquire("w", LockMode.EXCLUSIVE, "bench")
+        t = time.perf_counter()
+        lock.release("w")
+        r = time.perf_counter() - t
+        if i >= 200:
+            waits.append(acq.granted - acq.requested)
+            releases.append(r)
+        lock.log.clear()
+    return {"lock_log_wait": _q(waits), "release_call": _q(releases)}
+
+
+def _waiting(lock: ThreadedSharedMutex) -> int:
+    with lock._cond:
+        return len(lock._cond._waiters)
+
+
+def handover(k: int, reps: int) -> dict:
+    lock = ThreadedSharedMutex("writer")
+    latencies: list[float] = []
+    for _ in range(reps):
+        lock.log.clear()
+        lock.acquire("holder", LockMode.EXCLUSIVE, "bench")
+        workers = [threading.Thread(target=lambda: (lock.acquire("writer", LockMode.EXCLUSIVE, "bench"),
+                                                    lock.release("writer")))]
+        for j in range(k):
+            name = f"reader{j}"
+            workers.append(threading.Thread(
+                target=lambda name=name: (lock.acquire(name, LockMode.SHARED, "bench"),
+                                          lock.release(name))))
+        workers[0].start()
+        while _waiting(lock) < 1:
+            time.sleep(20e-6)
+        for w in workers[1:]:
+            w.start()
+        deadline = time.perf_counter() + 5.0
+        while _waiting(lock) < k + 1 and time.perf_counter() < deadline:
+            time.sleep(20e-6)
+        time.sleep(200e-6)
+        lock.release("holder")
+        for w in workers:
+            w.join()
+        held = next(a for a in lock.log if a.thread == "holder")
+        writer = next(a for a in lock.log if a.thread == "writer")
+        latencies.append(writer.granted - held.released)
+    return {"waiters_woken": k + 1, "grant_after_release": _q(latencies)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--waiters", default="0,1,3,7")
+    a = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    out: dict = {"what": "tools/lock_wake_bench.py: hw.rwlock.ThreadedSharedMutex timed alone",
+                 "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+                 "python": sys.version, "machine": platform.node(), "n": a.n, "reps": a.reps}
+    out["free"] = free(a.n)
+    out["handover"] = [handover(int(k), a.reps) for k in a.waiters.split(",")]
+    test = out["free"]["lock_log_wait"]["median_us"]
+    k0 = next(h for h in out["handover"] if h["waiters_woken"] == 1)
+    out["derived"] = {
+        "lock_test_us": test,
+        "lock_release_us": out["free"]["release_call"]["median_us"],
+        "lock_wake_us": round(max(k0["grant_after_release"]["median_us"] - test, 0.0), 3),
+        "rule": "lock_test_us: free.lock_log_wait median; lock_release_us: free.release_call "
+                "median; lock_wake_us: handover with 1 waiter woken, grant_after_release median "
+                "less lock_test_us (floored at 0)"}
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out["derived"]), f"({out['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

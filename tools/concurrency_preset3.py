@@ -17,6 +17,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 
 def build(fitted: dict, after_sleep: dict, bench: dict, where: dict[str, str]) -> tuple[dict, dict]:
     a = dict(fitted)
@@ -50,8 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
         return 2
     fitted, sleep, bench, out_a, out_b = (Path(p) for p in argv)
-    a, b = build(json.loads(fitted.read_text()), json.loads(sleep.read_text()),
-                 json.loads(bench.read_text()), {"after_sleep": str(sleep), "bench": str(bench)})
+    from kvsim.calibration.packed import read_json  # plain or .xz
+
+    a, b = build(read_json(fitted), read_json(sleep), read_json(bench),
+                 {"after_sleep": str(sleep), "bench": str(bench)})
     out_a.write_text(json.dumps(a, indent=1) + "\n")
     out_b.write_text(json.dumps(b, indent=1) + "\n")
     print(f"wrote {out_a} and {out_b}")

@@ -20,6 +20,7 @@ request, grant and release, ``time.perf_counter`` relative to the lock's ``t0``)
   woken writer pays, as the simulator prices it).
 
     python3 tools/lock_wake_bench.py OUT.json [--n 2000] [--reps 300] [--waiters 0,1,3,7]
+        [--drain-readers 8] [--drain-writers 0,1,2] [--drain-work-us 40,125] [--drain-s 0.5]
 """
 
 from __future__ import annotations
@@ -100,12 +101,81 @@ def handover(k: int, reps: int) -> dict:
     return {"waiters_woken": k + 1, "grant_after_release": _q(latencies)}
 
 
+def _spin(n: int) -> int:
+    x = 0
+    for i in range(n):
+        x += i
+    return x
+
+
+def _spin_count(work_us: float) -> int:
+    n = 1000
+    while True:
+        t = time.perf_counter()
+        _spin(n)
+        dt = time.perf_counter() - t
+        if dt > 2e-3:
+            return max(int(n * work_us * 1e-6 / dt), 1)
+        n *= 2
+
+
+def drain(readers: int, writers: int, work_us: float, seconds: float, n: int) -> dict:
+    """``n``: the spin count that takes ``work_us`` alone (:func:`_spin_count`)."""
+    lock = ThreadedSharedMutex("reader")
+    stop = threading.Event()
+    acq_s: list[float] = []
+    rel_s: list[float] = []
+
+    def reader(name: str) -> None:
+        mine_a, mine_r = [], []
+        while not stop.is_set():
+            t = time.perf_counter()
+            lock.acquire(name, LockMode.SHARED, "bench")
+            t1 = time.perf_counter()
+            _spin(n)
+            t2 = time.perf_counter()
+            lock.release(name)
+            mine_a.append(t1 - t)
+            mine_r.append(time.perf_counter() - t2)
+        acq_s.extend(mine_a)
+        rel_s.extend(mine_r)
+
+    def writer(name: str) -> None:
+        lock.acquire(name, LockMode.EXCLUSIVE, "bench")
+        lock.release(name)
+
+    rs = [threading.Thread(target=reader, args=(f"reader{i}",)) for i in range(readers)]
+    for r in rs:
+        r.start()
+    time.sleep(0.02)
+    ws = [threading.Thread(target=writer, args=(f"writer{i}",)) for i in range(writers)]
+    for w in ws:
+        w.start()
+    time.sleep(0.01)
+    t0 = time.perf_counter() - lock.t0
+    time.sleep(seconds)
+    t1 = time.perf_counter() - lock.t0
+    stop.set()
+    for t in rs + ws:
+        t.join()
+    holds = [a.released - a.granted for a in lock.log if a.mode == "shared"
+             and a.granted is not None and a.released is not None and t0 <= a.granted <= t1]
+    return {"readers": readers, "writers_waiting": writers, "work_us": work_us, "spins": n,
+            "reader_acquisitions_per_s": round(len(holds) / (t1 - t0), 1),
+            "hold": _q(holds), "acquire_call": _q(acq_s), "release_call": _q(rel_s),
+            "release_over_100us_share": round(sum(r > 1e-4 for r in rel_s) / max(len(rel_s), 1), 4)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=300)
     ap.add_argument("--waiters", default="0,1,3,7")
+    ap.add_argument("--drain-readers", type=int, default=8)
+    ap.add_argument("--drain-writers", default="0,1,2")
+    ap.add_argument("--drain-work-us", default="40", help="comma-separated list")
+    ap.add_argument("--drain-s", type=float, default=0.5)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     out: dict = {"what": "tools/lock_wake_bench.py: hw.rwlock.ThreadedSharedMutex timed alone",
@@ -113,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
                  "python": sys.version, "machine": platform.node(), "n": a.n, "reps": a.reps}
     out["free"] = free(a.n)
     out["handover"] = [handover(int(k), a.reps) for k in a.waiters.split(",")]
+    out["drain"] = []
+    for work in (float(x) for x in a.drain_work_us.split(",")):
+        spins = _spin_count(work)
+        out["drain"] += [drain(a.drain_readers, int(w), work, a.drain_s, spins)
+                         for w in a.drain_writers.split(",")]
     test = out["free"]["lock_log_wait"]["median_us"]
     k0 = next(h for h in out["handover"] if h["waiters_woken"] == 1)
     out["derived"] = {

@@ -32,6 +32,7 @@ PLAN = Path("plan-batches")  # relative to the validation directory (V)
 PLAN_REFIT = PLAN / "2026-12-04-refit-judge-summary.json"
 PLAN_SELECT = PLAN / "2026-12-04-select-judge.json.xz"
 PLAN_FULL = PLAN / "2026-12-03-plan-batches.json.xz"
+PLAN_JUDGE2 = PLAN / "2026-12-04-judge-2-summary.json"  # PROTOCOL-2.md's held-out judge
 CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
 
 # What summary.json says about the probe figures' history; each number names its file.
@@ -159,6 +160,26 @@ def plan_batches(root: Path) -> dict:
            "selector_within_remeasured": f"{sel['within']}/{sel['judged']}",
            "burst": burst, "by_path_2026_12_03": by_path,
            "from": [str(V / PLAN_REFIT), str(V / PLAN_SELECT), str(V / PLAN_FULL)]}
+    if (root / PLAN_JUDGE2).exists():
+        j = json.loads((root / PLAN_JUDGE2).read_text())
+        burst2 = next((v for v in j["seed_burst"].values() if v["source"] == "seed_burst"), {})
+        out["protocol2"] = {
+            "model_all_median_ape_pct": j["model"]["all"]["median_ape_pct"],
+            "model_all_p90_ape_pct": j["model"]["all"]["p90_ape_pct"],
+            "model_all_points": j["model"]["all"]["count"],
+            "device_all_median_ape_pct": j["device"]["all"]["median_ape_pct"],
+            "device_all_p90_ape_pct": j["device"]["all"]["p90_ape_pct"],
+            "host_all_median_ape_pct": j["host"]["all"]["median_ape_pct"],
+            "selector_within_same_file": f"{j['selector']['within']}/{j['selector']['judged']}",
+            "seed_burst_offload": {"path": burst2.get("pick"), "device_gbps": burst2.get("pick_gated_gbps"),
+                                   "end_to_end_gbps": burst2.get("pick_issue_gbps")},
+            "onboard_largest": {"batch": j["onboard_largest"]["batch"],
+                                "path": j["onboard_largest"]["pick"],
+                                "device_gbps": j["onboard_largest"]["pick_gated_gbps"],
+                                "end_to_end_gbps": j["onboard_largest"]["pick_issue_gbps"]},
+            "device_gbps_by_path": j["gated_gbps_by_path"],
+            "verdict": j["verdict_protocol2"],
+            "from": str(V / PLAN_JUDGE2)}
     return out
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from kvsim.replay.cache_only import (
     replay_cache,
 )
 from kvsim.runtime.steps import Call, Sleep, Until
-from kvsim.traces.mooncake import load_mooncake
+from kvsim.traces.mooncake import MooncakeRequest, MooncakeTrace, load_mooncake
 from kvsim.workloads import mooncake as mooncake_workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,99 +107,55 @@ def test_capacity_curve_shape():
     assert [r["capacity_tokens"] for r in curve["results"]] == [2048, 4096]
 
 
-# -- an independent LRU, to check the manager-based replay against -----------------------------
+# -- the block LRU (the default engine) against the manager itself -----------------------------
 
-def reference_lru_reuse(trace, capacity_tokens: int) -> int:
-    """Reused tokens of a plain block LRU (512-token blocks keyed by their hash-id prefix).
-
-    Written apart from the manager, from KVCM2's rules: a request's cached prefix is its leading
-    full blocks, then its partial last block if a stored partial block is exactly it; every
-    block of the prompt is then cached, the partial last one too unless a sibling already holds
-    its tokens (a full block with its hash id, or a longer partial one), and a new block
-    replaces the shorter partial siblings it covers. Eviction takes the least recently used
-    block (deeper first), never one of the current request's matched blocks, and with it
-    whatever hangs below it. A request needing more slots than the cache has (its blocks, and
-    one for the private copy of a matched partial block) only reads.
-    """
-    import heapq
-
-    from kvsim.traces.mooncake import BLOCK_TOKENS as B
-
-    slots = capacity_tokens // B
-    tick_of: dict = {}  # cached block key -> last use
-    depth_of: dict = {}
-    children: dict = {}  # key -> cached keys just below it
-    heap: list = []  # (tick, -depth, serial, key), stale entries skipped
-    serial = 0
-    reused = 0
-
-    def remove(key) -> None:
-        for child in list(children.pop(key, ())):
-            remove(child)
-        del tick_of[key]
-        children[key[1]].discard(key)
-
-    def add(key, depth, tick) -> None:
-        nonlocal serial
-        tick_of[key], depth_of[key] = tick, depth
-        children.setdefault(key[1], set()).add(key)
-        serial += 1
-        heapq.heappush(heap, (tick, -depth, serial, key))
-
-    for tick, req in enumerate(trace.requests, 1):
-        n_full, tail = divmod(req.input_length, B)
-        keys, parent = [], None
-        for h in req.hash_ids[:n_full]:
-            parent = ("full", parent, h)
-            keys.append(parent)
-        h = req.hash_ids[n_full] if n_full < len(req.hash_ids) else ("own", req.index)
-        tail_key = ("part", parent, h, tail) if tail else None
-        matched = 0
-        while matched < n_full and keys[matched] in tick_of:
-            matched += 1
-        tail_matched = matched == n_full and tail_key in tick_of
-        reused += matched * B + (tail if tail_matched else 0)
-        if n_full + 2 * bool(tail) > slots:
-            continue
-        locked = set(keys[:matched]) | ({tail_key} if tail_matched else set())
-        short = (n_full - matched) + bool(tail) - (slots - len(tick_of))
-        kept = []
-        while short > 0:
-            item = heapq.heappop(heap)
-            t, _, _, victim = item
-            if tick_of.get(victim) != t:
-                continue  # a stale entry
-            if victim in locked:
-                kept.append(item)
-                continue
-            before = len(tick_of)
-            remove(victim)
-            short -= before - len(tick_of)
-        for item in kept:
-            heapq.heappush(heap, item)
-        for d, key in enumerate(keys):
-            if key not in tick_of:
-                for sib in [k for k in children.get(key[1], ()) if k[0] == "part" and k[2] == key[2]]:
-                    remove(sib)
-            add(key, d, tick)
-        if tail_matched:
-            add(tail_key, n_full, tick)
-        elif tail:
-            sibs = children.get(parent, set())
-            covered = ("full", parent, h) in tick_of or any(
-                k[0] == "part" and k[2] == h and k[3] >= tail for k in sibs)
-            if not covered:
-                for sib in [k for k in sibs if k[0] == "part" and k[2] == h and k[3] < tail]:
-                    remove(sib)
-                add(tail_key, n_full, tick)
-    return reused
+def both_engines(trace, capacity, tpb=512):
+    lru = replay_cache(trace, capacity, tpb)
+    assert lru == replay_cache(trace, capacity, tpb, engine="manager")
+    return lru
 
 
 @pytest.mark.parametrize("path", [HANDMADE, SAMPLE])
-def test_replay_matches_an_independent_lru(path):
+def test_lru_engine_gives_the_managers_results(path):
     trace = load_mooncake(path)
+    dropped = set()
     for capacity in range(2048, 24_577, 1536):
-        assert replay_cache(trace, capacity).reused_tokens == reference_lru_reuse(trace, capacity)
+        dropped.add(both_engines(trace, capacity).dropped_blocks)
+    assert len(dropped) >= 3  # capacities that evict more and less
+
+
+@pytest.mark.parametrize("tpb", [16, 100, 333, 512, 700])
+def test_lru_engine_gives_the_managers_results_at_other_block_sizes(tpb):
+    trace = load_mooncake(SAMPLE)
+    for capacity in (3 * tpb, 10 * tpb, 40 * tpb, 10**6):
+        both_engines(trace, capacity, tpb)
+
+
+def colliding_trace(seed: int, n: int = 60) -> MooncakeTrace:
+    """Requests drawn to collide: few hash ids, shared prefixes, partial last blocks of hash ids
+    other requests hold whole, prompts longer than their hash ids (own tail tokens)."""
+    rng = random.Random(seed)
+    requests = []
+    for i in range(n):
+        blocks = rng.randint(1, 6)
+        ids = tuple(rng.choice((1, 2, 3)) if b == 0 else rng.randint(1, 5) for b in range(blocks))
+        length = rng.choice((512 * blocks, 512 * blocks - rng.randint(1, 511),
+                             512 * (blocks + 1) - rng.randint(1, 511)))
+        requests.append(MooncakeRequest(i, i + 1, float(i), length, 1, ids))
+    return MooncakeTrace(f"colliding-{seed}", tuple(requests), n, 0, ())
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_lru_engine_gives_the_managers_results_on_colliding_traces(seed):
+    trace = colliding_trace(seed)
+    for tpb in (512, 200):
+        for slots in (3, 5, 8, 13, 40):
+            both_engines(trace, slots * tpb, tpb)
+
+
+def test_unknown_engine_is_refused():
+    with pytest.raises(ConfigError, match="engine must be one of lru, manager"):
+        replay_cache(load_mooncake(HANDMADE), 2048, engine="dict")
 
 
 # -- the CLI -------------------------------------------------------------------------------------
@@ -259,8 +216,7 @@ def test_real_trace_paper_claim_at_3m_tokens():
     """Mooncake Fig. 9: with 3M tokens the LRU hit rate is under half the infinite-cache maximum."""
     trace = load_mooncake(REAL_TRACE)
     best = max_hit_rate(trace)
-    at_3m = replay_cache(trace, 3_000_000)
-    assert at_3m.reused_tokens == reference_lru_reuse(trace, 3_000_000)
+    at_3m = both_engines(trace, 3_000_000)
     assert at_3m.hit_rate < best / 2
     assert at_3m.hit_rate > best / 4  # and not absurdly low
 

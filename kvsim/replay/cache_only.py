@@ -2,10 +2,13 @@
 
 As in Mooncake's paper (FAST'25, Fig. 9), requests are sequential and instantaneous: no time, no
 concurrency, no decode; only which prompt blocks are still cached when the next request arrives.
-The cache is the real manager (:class:`~kvsim.manager.KVCacheManager`) configured by
+The cache is the manager (:class:`~kvsim.manager.KVCacheManager`) configured by
 :func:`cache_only_config`: one full-attention layer, ``tokens_per_block`` B, and a single level
 (the GPU) of ``capacity_tokens // B`` slots, so making room drops committed blocks in the
-manager's eviction order (least recently used first, leaves before their prefixes).
+manager's eviction order (least recently used first, leaves before their prefixes). Two engines
+run it: ``"manager"`` makes the calls below on a real manager; ``"lru"`` (the default,
+:mod:`kvsim.replay.block_lru`) applies the same rules to a block map without the manager and
+gives the same results (the tests compare the two) about ten times faster.
 
 Per request, in trace order:
 
@@ -41,6 +44,7 @@ from dataclasses import dataclass
 
 from kvsim.errors import ConfigError
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.replay.block_lru import OutOfRoom, lru_replay
 from kvsim.traces.mooncake import BLOCK_TOKENS, MooncakeTrace, tokens_for
 
 # Bytes do not matter here (only slot counts do): one byte per token keeps quotas readable.
@@ -104,15 +108,25 @@ class ReplayBug(RuntimeError):
     """A call that cannot fail in a cache-only replay failed: a bug in the manager or here."""
 
 
+ENGINES = ("lru", "manager")
+
+
 def replay_cache(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: int = BLOCK_TOKENS,
                  progress: Progress | None = None, progress_every_s: float = 2.0,
-                 manager: KVCacheManager | None = None) -> CacheReplayResult:
-    """Replay ``trace`` through a manager of ``capacity_tokens``; see the module docstring.
+                 manager: KVCacheManager | None = None, engine: str = "lru") -> CacheReplayResult:
+    """Replay ``trace`` on a cache of ``capacity_tokens``; see the module docstring.
 
-    ``progress`` (if given) receives a line every ``progress_every_s`` seconds. ``manager``
-    overrides the one built from :func:`cache_only_config` (tests use it to look inside).
+    ``engine``: ``"lru"`` (:mod:`kvsim.replay.block_lru`, the manager's rules without the
+    manager: the same result, about ten times faster) or ``"manager"`` (every call through a
+    :class:`KVCacheManager`). ``progress`` (if given) receives a line every
+    ``progress_every_s`` seconds. ``manager`` overrides the one built from
+    :func:`cache_only_config` (tests use it to look inside; it implies ``"manager"``).
     """
     config = cache_only_config(capacity_tokens, tokens_per_block)
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if manager is None and engine == "lru":
+        return _replay_lru(trace, capacity_tokens, tokens_per_block, progress, progress_every_s)
     mgr = manager if manager is not None else KVCacheManager(config)
     tpb = mgr.layout.tokens_per_block
     slots = mgr.layout.level_slots[0][0]
@@ -148,6 +162,31 @@ def replay_cache(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: i
                      f"hit rate so far {reused_tokens / input_tokens if input_tokens else 0:.4f}")
     return CacheReplayResult(capacity_tokens, tpb, slots, n, input_tokens, reused_tokens,
                              oversized, dropped)
+
+
+def _replay_lru(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: int,
+                progress: Progress | None, progress_every_s: float) -> CacheReplayResult:
+    slots = capacity_tokens // tokens_per_block
+    n = len(trace.requests)
+    report = None
+    if progress is not None:
+        next_report = time.perf_counter() + progress_every_s
+
+        def report(i: int, input_tokens: int, reused_tokens: int) -> None:
+            nonlocal next_report
+            if time.perf_counter() >= next_report:
+                next_report = time.perf_counter() + progress_every_s
+                progress(f"capacity {capacity_tokens} tokens: {i + 1}/{n} requests, "
+                         f"hit rate so far {reused_tokens / input_tokens if input_tokens else 0:.4f}")
+
+    try:
+        counts = lru_replay(trace, slots, tokens_per_block,
+                            lambda length: request_slots(length, tokens_per_block) <= slots, report)
+    except OutOfRoom as e:
+        raise ReplayBug(str(e)) from None
+    return CacheReplayResult(capacity_tokens, tokens_per_block, slots, n, counts.input_tokens,
+                             counts.reused_tokens, counts.oversized_requests,
+                             counts.dropped_blocks)
 
 
 def request_slots(input_length: int, tokens_per_block: int) -> int:
@@ -234,12 +273,12 @@ def max_hit_rate(trace: MooncakeTrace, tokens_per_block: int = BLOCK_TOKENS) -> 
 
 def capacity_curve(trace: MooncakeTrace, capacities: Sequence[int],
                    tokens_per_block: int = BLOCK_TOKENS,
-                   progress: Progress | None = None) -> dict:
+                   progress: Progress | None = None, engine: str = "lru") -> dict:
     """The ``--json`` object of ``kvsim replay-cache``: one result per capacity, and the max."""
     results = []
     for capacity in capacities:
         t0 = time.perf_counter()
-        result = replay_cache(trace, capacity, tokens_per_block, progress)
+        result = replay_cache(trace, capacity, tokens_per_block, progress, engine=engine)
         if progress is not None:
             progress(f"capacity {capacity} tokens: {result.requests} requests in "
                      f"{time.perf_counter() - t0:.2f} s, hit rate {result.hit_rate:.4f}")

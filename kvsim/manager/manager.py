@@ -196,8 +196,9 @@ class KVCacheManager:
             pages += [pg for pg in n.pages if pg != NO_PAGE]
             n.pages = [NO_PAGE] * len(n.pages)
         plan.counts.tree_nodes_removed += len(removed)
-        self._emit({"type": "removed", "scope": top.root.scope, "block": top.depth,
-                    "num_nodes": len(removed)}, plan)
+        if self.event_sink is not None:  # no event to build otherwise: evictions drop many
+            self._emit({"type": "removed", "scope": top.root.scope, "block": top.depth,
+                        "num_nodes": len(removed)}, plan)
         return pages
 
     def _orphan_pages(self, pages: list[int], plan: Plan) -> None:

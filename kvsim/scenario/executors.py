@@ -37,6 +37,7 @@ def run_plan(scenario: Scenario) -> dict:
 def run_sim(scenario: Scenario, progress=None) -> dict:
     from kvsim.hardware import load_hardware
     from kvsim.model.cpu_cost import load_cpu_model
+    from kvsim.sim.collector import fewer_collections
     from kvsim.sim.executor import SimExecutor, SimOptions
 
     hardware = load_hardware(scenario.hardware)
@@ -61,7 +62,9 @@ def run_sim(scenario: Scenario, progress=None) -> dict:
     wall0 = time.perf_counter()
     run = executor.run(workload.make_threads())
     wall = time.perf_counter() - wall0
-    return timed_results(scenario, manager, run, hardware.name) | _summary(workload) | {
+    with fewer_collections():  # the results of a long run are millions of objects too
+        results = timed_results(scenario, manager, run, hardware.name)
+    return results | _summary(workload) | {
         "cpu_model": cpu.name,
         "sim": {"end_time_s": run.end_time, "events": run.events_processed,
                 "options": {k: (dict(v) if k == "gil_release" else v)

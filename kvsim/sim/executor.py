@@ -48,6 +48,7 @@ from kvsim.runtime import pipeline
 from kvsim.runtime.records import Deadlock, GilStats, RunResult, StuckThread
 from kvsim.runtime.steps import GpuTimes, Step
 from kvsim.sim import lock_convoy
+from kvsim.sim.collector import fewer_collections
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
 from kvsim.sim.rwlock import CondMutex, LockHazardError, ReentrantSharedMutex
@@ -458,7 +459,8 @@ class SimExecutor:
                 self.env.process(self._thread(name, threads[name]))
         stop = self._stop if until is None else self.env.any_of([self._stop, self.env.timeout(until)])
         try:
-            self.env.run(until=stop)
+            with fewer_collections():
+                self.env.run(until=stop)
         except RuntimeError as e:  # no event left before the stop event: a normal end
             if "No scheduled events left" not in str(e):
                 raise

@@ -155,6 +155,20 @@ def test_rerun_skips_finished_points(local_run, tiny):
     assert again.table["wall_s"].equals(first.table["wall_s"])  # the rows were kept, not re-run
 
 
+def test_rerun_with_a_changed_kvsim_runs_every_point_again(local_run, tiny, tmp_path,
+                                                         monkeypatch):
+    """A changed preset or code changes what a point gives: its earlier row is not reused."""
+    import shutil
+
+    from kvsim.sweep import points
+
+    out = tmp_path / "copy"
+    shutil.copytree(local_run[0], out)
+    monkeypatch.setattr(points, "kvsim_digest", lambda: "another kvsim")
+    again = run_sweep(load_sweep(tiny, PARAMS), out, backend="local", workers=2, report=False)
+    assert again.ran == 8 and again.skipped == 0 and again.dropped == 8
+
+
 def test_failing_point_is_recorded_and_retried(tiny, tmp_path, capsys):
     out = tmp_path / "fail"
     argv = ["sweep", str(tiny), "--param", "workload.gpu_fill_fraction=0.5,2.0,1.0",

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -132,7 +133,22 @@ def point_seed(sweep_seed: int, params: dict[str, Any]) -> int:
 
 
 def point_id(scenario_hash: str, params: dict[str, Any], fixed: tuple[str, ...], seed: int) -> str:
-    return _digest("kvsim-sweep-point", scenario_hash, params, list(fixed), seed).hex()[:16]
+    return _digest("kvsim-sweep-point", kvsim_digest(), scenario_hash, params, list(fixed),
+                   seed).hex()[:16]
+
+
+@functools.cache
+def kvsim_digest() -> str:
+    """Of every file of the kvsim package (its code, and the presets, CPU models, engine times
+    and architectures it ships). A point's results depend on them as much as on its scenario,
+    so a sweep resumed into a directory reuses only the rows the same kvsim made: after a
+    preset or the code changed, every point runs again."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*")):
+        if path.suffix in (".py", ".json", ".yaml") and "__pycache__" not in path.parts:
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 # -- expansion ------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ Output directory (default ``reports/sweeps/<scenario name>/``): ``results.parque
 it), and ``report.md`` with its figures (:mod:`kvsim.sweep.report`).
 
 A re-run into the same directory skips the points already there with status ``ok`` (same point
-id: same scenario content, parameters, fixed overrides and seed) and runs the others, failed
-ones included. The table then holds this sweep's points only; rows of earlier runs whose points
+id: same scenario content, parameters, fixed overrides and seed, and the same kvsim: its code and
+shipped presets, :func:`kvsim.sweep.points.kvsim_digest`) and runs the others, failed ones
+included. The table then holds this sweep's points only; rows of earlier runs whose points
 are not in this sweep are dropped.
 """
 

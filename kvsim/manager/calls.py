@@ -79,7 +79,9 @@ class PublicCall:
         if self.skip_if is not None and self.skip_if(obj):
             return Outcome(None, plan)
         try:
-            with manager._transaction(plan, self.mutates):
+            if self.mutates:
+                value = manager._mutate(plan, self.body, obj, args, kwargs)
+            else:
                 value = self.body(obj, plan, *args, **kwargs)
         except KvsimError as e:
             plan.ok = False

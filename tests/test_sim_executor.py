@@ -425,3 +425,41 @@ def test_a_bad_lock_mutex_switch_is_refused_naming_the_file_and_key(tmp_path):
     path.write_text(json.dumps(preset))
     with pytest.raises(ConfigError, match=r"cpu\.json: lock_mutex: "):
         load_cpu_model(path)
+
+
+def test_lock_retest_us_prices_a_woken_waiters_retest_apart_from_the_first_test(tmp_path):
+    """lock_retest_us: a writer woken by a release re-tests for that long (holding the GIL), so
+    it is granted no sooner than lock_retest_us after the first release during its wait; the
+    first test still costs lock_test_us."""
+    plain, lock = _preset_files(tmp_path, lock_test_us=0.5, lock_retest_us=40.0)
+    try:
+        slow = _run_with(tmp_path, PROBE, lock.name, "writer")
+    finally:
+        plain.unlink()
+        lock.unlink()
+    after = _first_release_to_grant_ms(slow)
+    assert after and min(after) >= 0.040 - 1e-9
+    assert not slow["deadlocks"] and all(c["ok"] for c in slow["calls"])
+
+
+def test_sleep_overshoot_us_lengthens_each_sleep_by_a_seeded_draw(tmp_path):
+    """sleep_overshoot_us: each sleep lasts longer by a draw from the table (here 100-300 us),
+    the same draws for the same seed; without it a sleep lasts as asked."""
+    plain, late = _preset_files(tmp_path, sleep_overshoot_us={"probs": [0, 1],
+                                                              "quantiles_us": [100.0, 300.0]})
+    one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
+        "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
+    try:
+        runs = [_run_with(tmp_path, one_thread, p.name) for p in (plain, late, late)]
+    finally:
+        plain.unlink()
+        late.unlink()
+
+    def gaps(r):
+        mine = sorted((c for c in r["calls"] if c["thread"] == "probe0"), key=lambda c: c["start_ms"])
+        return [b["start_ms"] - a["start_ms"] - a["latency_ms"] for a, b in zip(mine, mine[1:])]
+
+    assert gaps(runs[0]) == pytest.approx([1.0] * 24, abs=1e-9)
+    g = gaps(runs[1])
+    assert all(1.1 - 1e-9 <= x <= 1.3 + 1e-9 for x in g) and max(g) - min(g) > 0.05
+    assert g == gaps(runs[2])

@@ -703,7 +703,8 @@ def spec_meanings(cls: type, prefix: str = "") -> dict[str, tuple[str, str]]:
 # CPU preset keys that cpu_cost.cpu_model_from_dict reads when present (tests/test_docs.py checks
 # the list against the loader).
 OPTIONAL_CPU_FIELDS = ("host_speed_factor", "after_sleep_us", "lock_test_us", "lock_wake_us",
-                       "lock_mutex", "lock_release_us", "sleep_retakes_gil")
+                       "lock_mutex", "lock_release_us", "sleep_retakes_gil", "lock_retest_us",
+                       "sleep_overshoot_us")
 
 
 def cpu_meanings(keys: list[str]) -> dict[str, str]:

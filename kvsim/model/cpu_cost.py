@@ -78,6 +78,13 @@ class CpuCostModel:
     # re-takes it before returning), so the wait for the GIL after a sleep lies before the next
     # call's start, as on real threads, not inside the call.
     sleep_retakes_gil: bool = False
+    # A Python manager's lock, 0 where not measured (then lock_test_us): host time (holding the
+    # GIL) of a woken waiter's re-test, when it differs from the first test's (a herd of woken
+    # waiters costs more per waiter than one test: tools/lock_wake_bench.py's handover slope).
+    lock_retest_us: float = 0.0
+    # How much longer than asked a sleep lasts, as a distribution: ((prob, extra_us), ...) from
+    # prob 0 to 1, drawn per sleep (seeded with the GIL's draws); empty: sleeps last as asked.
+    sleep_overshoot_us: tuple[tuple[float, float], ...] = ()
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def after_sleep_s(self, slept_s: float) -> float:
@@ -163,8 +170,31 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         lock_mutex=_flag(path, data, "lock_mutex", sources),
         lock_release_us=optional("lock_release_us", 0.0) * speed,
         sleep_retakes_gil=_flag(path, data, "sleep_retakes_gil", sources),
+        lock_retest_us=optional("lock_retest_us", 0.0) * speed,
+        sleep_overshoot_us=_overshoot(path, data, sources),
         sources=sources,
     )
+
+
+def _overshoot(path: Path, data: dict, sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
+    """``sleep_overshoot_us``: {"value": {"probs": [0, ..., 1], "quantiles_us": [...]},
+    "source"}, probs rising from 0 to 1, quantiles >= 0 not falling; absent: none."""
+    key = "sleep_overshoot_us"
+    entry = data.get(key)
+    if entry is None:
+        return ()
+    v = entry.get("value") if isinstance(entry, dict) and set(entry) == {"value", "source"} else None
+    probs = v.get("probs") if isinstance(v, dict) else None
+    qs = v.get("quantiles_us") if isinstance(v, dict) else None
+    ok = (isinstance(probs, list) and isinstance(qs, list) and len(probs) == len(qs) >= 2
+          and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in probs + qs))
+    if not ok or probs[0] != 0 or probs[-1] != 1 or any(b <= a for a, b in zip(probs, probs[1:])) \
+            or qs[0] < 0 or any(b < a for a, b in zip(qs, qs[1:])):
+        raise ConfigError(f"{path}: {key}: write {{\"value\": {{\"probs\": [0, ..., 1], "
+                          "\"quantiles_us\": [...]}, \"source\": \"...\"}} (probs rising, quantiles "
+                          ">= 0 not falling)")
+    sources[key] = str(entry["source"])
+    return tuple((float(p), float(q)) for p, q in zip(probs, qs))
 
 
 def _flag(path: Path, data: dict, key: str, sources: dict[str, str]) -> bool:

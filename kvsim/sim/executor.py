@@ -143,6 +143,7 @@ class SimExecutor:
         self._stop = self.env.event()  # succeeds when a deadlock makes further progress moot
         self._rng = (None if opt.schedule_seed is None
                      else np.random.default_rng(opt.schedule_seed))
+        self._sleep_rng: np.random.Generator | None = None  # sleep_overshoot_us's draws
 
     @property
     def progress(self):
@@ -204,6 +205,7 @@ class SimExecutor:
         thread, python_manager = e.thread, self.cpu.holds_gil
         test_s = self.cpu.lock_test_us * 1e-6 if self.lock.recheck else 0.0
         wake_s = self.cpu.lock_wake_us * 1e-6 if self.lock.recheck else 0.0
+        retest_s = self.cpu.lock_retest_us * 1e-6 if self.cpu.lock_retest_us else test_s
         self._waiting[thread] = ("lock", e.api)
         try:
             # With lock_test_us the first test is deferred: queued now, tested after its cost.
@@ -224,11 +226,12 @@ class SimExecutor:
                     self._waiting[thread] = ("lock wake-up", e.api)
                     yield self._delay(wake_s)
                 yield from self._take_gil(thread, e.api)
-                if test_s > 0.0:
+                pay_s = retest_s if woken else test_s
+                if pay_s > 0.0:
                     if not woken:  # the uncontended acquire, already in python_call_us
                         self._prepaid[thread] = test_s
                     self._waiting[thread] = ("lock test", e.api)
-                    yield from self._python(thread, test_s, e.api)
+                    yield from self._python(thread, pay_s, e.api)
                 woken = True
                 self._waiting[thread] = ("lock", e.api)
                 request = self.lock.retry(thread)
@@ -320,21 +323,31 @@ class SimExecutor:
 
     def _do_sleep(self, e: pipeline.SleepFor):
         self.gil.release_fully(e.thread)  # sleeping threads do not hold the GIL
-        yield self.env.timeout(e.seconds)
+        seconds = e.seconds + self._overshoot()
+        yield self.env.timeout(seconds)
         if self.cpu.after_sleep_us:
-            self._slept[e.thread] = e.seconds
+            self._slept[e.thread] = seconds
         if self.cpu.sleep_retakes_gil:  # time.sleep returns holding the GIL
             yield from self._take_gil(e.thread, "time.sleep")
 
     def _do_sleep_until(self, e: pipeline.SleepUntil):
         self.gil.release_fully(e.thread)
         if e.time > self.env.now:
-            slept = e.time - self.env.now
+            slept = e.time - self.env.now + self._overshoot()
             yield self.env.timeout(slept)
             if self.cpu.after_sleep_us:
                 self._slept[e.thread] = slept
         if self.cpu.sleep_retakes_gil:
             yield from self._take_gil(e.thread, "time.sleep")
+
+    def _overshoot(self) -> float:
+        """A sleep's extra seconds (CPU preset's sleep_overshoot_us; 0 without it)."""
+        table = self.cpu.sleep_overshoot_us
+        if not table:
+            return 0.0
+        if self._sleep_rng is None:
+            self._sleep_rng = np.random.default_rng([self.options.gil_seed, 7])
+        return float(np.interp(self._sleep_rng.random(), *zip(*table))) * 1e-6
 
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up

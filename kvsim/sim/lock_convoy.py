@@ -58,6 +58,7 @@ def acquire(ex, e: pipeline.AcquireLock):
     """The lock in ``e.mode`` through the mutex; returns None or the hazard."""
     thread, api = e.thread, e.api
     test_s = ex.cpu.lock_test_us * 1e-6
+    retest_s = ex.cpu.lock_retest_us * 1e-6 if ex.cpu.lock_retest_us else test_s
     wake_s = ex.cpu.lock_wake_us * 1e-6
     ex._waiting[thread] = ("lock mutex", api)
     yield from take_mutex(ex, thread, api)
@@ -73,10 +74,11 @@ def acquire(ex, e: pipeline.AcquireLock):
         return hazard
     if test_s > 0.0:  # the uncontended acquire's test, already in python_call_us
         ex._prepaid[thread] = ex._prepaid.get(thread, 0.0) + test_s
+    pay_s = test_s
     while True:
-        if test_s > 0.0:
+        if pay_s > 0.0:
             ex._waiting[thread] = ("lock test", api)
-            yield from ex._python(thread, test_s, api)
+            yield from ex._python(thread, pay_s, api)
         ex._waiting[thread] = ("lock", api)
         request = ex.lock.retry(thread)
         ex.mutex.release(thread)
@@ -90,6 +92,7 @@ def acquire(ex, e: pipeline.AcquireLock):
         if wake_s > 0.0:
             yield ex._delay(wake_s)
         yield from take_mutex(ex, thread, api)
+        pay_s = retest_s
     ex._waiting.pop(thread, None)
     return None
 

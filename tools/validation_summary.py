@@ -34,6 +34,8 @@ PLAN_SELECT = PLAN / "2026-12-04-select-judge.json.xz"
 PLAN_FULL = PLAN / "2026-12-03-plan-batches.json.xz"
 PLAN_JUDGE2 = PLAN / "2026-12-04-judge-2-summary.json"  # PROTOCOL-2.md's held-out judge
 CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
+# the latest pre-registered concurrency call (PROTOCOL-3); the first call's tally is kept beside it
+CONCURRENCY_3 = Path("concurrency") / "judge-3" / "concurrency-judge.json"
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {
@@ -115,7 +117,12 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     out["probe_history_files"] = files
     if (root / PLAN_REFIT).exists():
         out["plan_batches"] = plan_batches(root)
-    if (root / CONCURRENCY).exists():
+    if (root / CONCURRENCY_3).exists():
+        out["concurrency"] = concurrency(root, CONCURRENCY_3)
+        if (root / CONCURRENCY).exists():
+            first = concurrency(root)
+            out["concurrency_first_call"] = {"from": first["from"], "tally": first["tally"]}
+    elif (root / CONCURRENCY).exists():
         out["concurrency"] = concurrency(root)
     return out
 
@@ -183,9 +190,9 @@ def plan_batches(root: Path) -> dict:
     return out
 
 
-def concurrency(root: Path) -> dict:
-    """Every concurrency case's errors and verdicts, and the tally per target."""
-    j = json.loads((root / CONCURRENCY).read_text())
+def concurrency(root: Path, judge: Path = CONCURRENCY) -> dict:
+    """Every concurrency case's errors and verdicts, and the tally per target, from ``judge``."""
+    j = json.loads((root / judge).read_text())
     cases = {}
     for name, c in j["cases"].items():
         row = {k: (c[k]["error_pct"] if c[k].get("measured") is not None else None)
@@ -194,7 +201,7 @@ def concurrency(root: Path) -> dict:
                              "predicted": c["starvation"]["predicted"]}
         row["deadlock"] = {"measured": c["deadlock"]["measured"], "predicted": c["deadlock"]["predicted"]}
         cases[name] = row
-    return {"from": str(V / CONCURRENCY), "target_pct": j["target_pct"], "tally": j["tally"],
+    return {"from": str(V / judge), "target_pct": j["target_pct"], "tally": j["tally"],
             "cases": cases}
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,9 +18,21 @@ request, grant and release, ``time.perf_counter`` relative to the lock's ``t0``)
   enter and leave. Per repetition the writer's grant less the holder's release (lock log).
   Medians per k; ``lock_wake_us`` = the median at k = 0 less ``lock_test_us`` (the re-test the
   woken writer pays, as the simulator prices it).
+* ``drain`` (recorded, no term; the contended drain, for designs): ``--drain-readers`` reader
+  threads in a closed loop under reader preference, each holding the lock shared for one of
+  ``--drain-work-us`` (a list) of pure Python, for ``--drain-s`` seconds, with W writer threads
+  (W in ``--drain-writers``) queued the whole time (starved: every release wakes them to
+  re-test). Per W: reader acquisitions per second, and the medians and 90th percentiles of the
+  readers' hold (lock log), of their ``acquire()`` and ``release()`` calls (which include waiting
+  for the Condition's mutex) and the share of releases over 100 us. ``--drain-probes`` repeats
+  it with a shipped scenario's manager probe inside the lock instead of the spin (``pdr``:
+  probe_during_resize's, ``seed``: seed_concurrency_tests's; ``work_us`` is then the probe alone).
+* ``sleep`` (``--sleeps-us``): a lone thread's ``time.sleep(S)``, ``--sleep-n`` times per S: how
+  much longer than S it lasted (quantiles, the form of the CPU preset's ``sleep_overshoot_us``).
 
     python3 tools/lock_wake_bench.py OUT.json [--n 2000] [--reps 300] [--waiters 0,1,3,7]
         [--drain-readers 8] [--drain-writers 0,1,2] [--drain-work-us 40,125] [--drain-s 0.5]
+        [--drain-probes pdr,seed] [--sleeps-us 500,2000] [--sleep-n 1000]
 """
 
 from __future__ import annotations
@@ -119,9 +131,12 @@ def _spin_count(work_us: float) -> int:
         n *= 2
 
 
-def drain(readers: int, writers: int, work_us: float, seconds: float, n: int) -> dict:
-    """``n``: the spin count that takes ``work_us`` alone (:func:`_spin_count`)."""
+def drain(readers: int, writers: int, work_us: float, seconds: float, n: int,
+          work=None, kind: str = "spin") -> dict:
+    """``n``: the spin count that takes ``work_us`` alone (:func:`_spin_count`); ``work``: a
+    zero-argument callable run inside the lock instead of the spin (``kind`` names it)."""
     lock = ThreadedSharedMutex("reader")
+    inside = work if work is not None else (lambda: _spin(n))
     stop = threading.Event()
     acq_s: list[float] = []
     rel_s: list[float] = []
@@ -132,7 +147,7 @@ def drain(readers: int, writers: int, work_us: float, seconds: float, n: int) ->
             t = time.perf_counter()
             lock.acquire(name, LockMode.SHARED, "bench")
             t1 = time.perf_counter()
-            _spin(n)
+            inside()
             t2 = time.perf_counter()
             lock.release(name)
             mine_a.append(t1 - t)
@@ -160,10 +175,46 @@ def drain(readers: int, writers: int, work_us: float, seconds: float, n: int) ->
         t.join()
     holds = [a.released - a.granted for a in lock.log if a.mode == "shared"
              and a.granted is not None and a.released is not None and t0 <= a.granted <= t1]
-    return {"readers": readers, "writers_waiting": writers, "work_us": work_us, "spins": n,
+    return {"kind": kind, "readers": readers, "writers_waiting": writers, "work_us": work_us,
+            "spins": n,
             "reader_acquisitions_per_s": round(len(holds) / (t1 - t0), 1),
             "hold": _q(holds), "acquire_call": _q(acq_s), "release_call": _q(rel_s),
             "release_over_100us_share": round(sum(r > 1e-4 for r in rel_s) / max(len(rel_s), 1), 4)}
+
+
+PROBES = {"pdr": "scenarios/concurrency/probe_during_resize.yaml",
+          "seed": "scenarios/bugs/seed_concurrency_tests.yaml"}
+
+
+def probe_work(kind: str):
+    """The manager probe of a shipped scenario (tools/probe_after_sleep.py's), warmed up, and
+    its median time alone in us."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from probe_after_sleep import probe_call
+
+    probe, keep = probe_call(PROBES[kind])
+    times = []
+    for _ in range(300):
+        t = time.perf_counter()
+        probe()
+        times.append(time.perf_counter() - t)
+    return probe, keep, float(np.median(times[100:])) * 1e6
+
+
+def sleeps(sleeps_us: list[float], n: int) -> list[dict]:
+    """A lone thread's ``time.sleep(S)``: how much longer than S it took, per S."""
+    out = []
+    for s_us in sleeps_us:
+        extra = []
+        for _ in range(n):
+            t = time.perf_counter()
+            time.sleep(s_us * 1e-6)
+            extra.append(time.perf_counter() - t - s_us * 1e-6)
+        probs = [0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 1.0]
+        out.append({"sleep_us": s_us, "n": n, "overshoot": _q(extra),
+                    "overshoot_quantiles_us": {"probs": probs, "quantiles_us": [
+                        round(float(np.quantile(np.asarray(extra) * 1e6, p)), 2) for p in probs]}})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--drain-writers", default="0,1,2")
     ap.add_argument("--drain-work-us", default="40", help="comma-separated list")
     ap.add_argument("--drain-s", type=float, default=0.5)
+    ap.add_argument("--drain-probes", default="", help="also drain with these manager probes "
+                    "inside the lock: pdr, seed (comma-separated)")
+    ap.add_argument("--sleeps-us", default="", help="also time a lone time.sleep of these us")
+    ap.add_argument("--sleep-n", type=int, default=1000)
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
     out: dict = {"what": "tools/lock_wake_bench.py: hw.rwlock.ThreadedSharedMutex timed alone",
@@ -188,6 +243,13 @@ def main(argv: list[str] | None = None) -> int:
         spins = _spin_count(work)
         out["drain"] += [drain(a.drain_readers, int(w), work, a.drain_s, spins)
                          for w in a.drain_writers.split(",")]
+    for kind in [k for k in a.drain_probes.split(",") if k]:
+        probe, _keep, alone_us = probe_work(kind)
+        out["drain"] += [drain(a.drain_readers, int(w), round(alone_us, 2), a.drain_s, 0,
+                               probe, f"probe:{kind}")
+                         for w in a.drain_writers.split(",")]
+    if a.sleeps_us:
+        out["sleep"] = sleeps([float(x) for x in a.sleeps_us.split(",")], a.sleep_n)
     test = out["free"]["lock_log_wait"]["median_us"]
     k0 = next(h for h in out["handover"] if h["waiters_woken"] == 1)
     out["derived"] = {

@@ -48,6 +48,10 @@ PROBE = """\
     filler_requests: 2
 """
 
+# One probing thread, a probe every millisecond, the resize long after: no contention.
+ONE_PROBER = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
+    "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
+
 
 def scenario(tmp_path, workload=BURST, policy="reader", extra=""):
     path = DATA / f"_{tmp_path.name}.yaml"
@@ -192,11 +196,9 @@ def test_a_call_after_a_sleep_pays_the_cpu_presets_after_sleep_time(tmp_path):
     from kvsim.scenario.schema import parse_scenario
 
     plain, cold = _preset_files(tmp_path, after_sleep_us=[[500, 50.0], [2000, 80.0]])
-    one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
-        "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
     try:
         def run(cpu):
-            sf = scenario(tmp_path, one_thread)
+            sf = scenario(tmp_path, ONE_PROBER)
             out = execute(parse_scenario({**sf.data, "cpu_model": cpu}, sf.source))
             return [c["latency_ms"] for c in out["calls"] if c["thread"] == "probe0"]
 
@@ -254,18 +256,22 @@ def _run_with(tmp_path, workload, cpu, policy="reader"):
     return execute(parse_scenario({**sf.data, "cpu_model": cpu}, sf.source))
 
 
+def _runs_without_and_with(tmp_path, workload, policy="reader", **fields):
+    """``workload`` run with toy-cpu as a Python manager's preset, plain and with ``fields``."""
+    plain, other = _preset_files(tmp_path, **fields)
+    try:
+        return (_run_with(tmp_path, workload, plain.name, policy),
+                _run_with(tmp_path, workload, other.name, policy))
+    finally:
+        plain.unlink()
+        other.unlink()
+
+
+
 def test_lock_test_us_moves_the_acquire_between_request_and_grant(tmp_path):
     """An uncontended Python lock: lock_test_us lies between the lock's request and its grant,
     and comes out of python_call_us, so the call takes as long as without it."""
-    plain, lock = _preset_files(tmp_path, lock_test_us=0.5)
-    one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
-        "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
-    try:
-        base = _run_with(tmp_path, one_thread, plain.name)
-        test = _run_with(tmp_path, one_thread, lock.name)
-    finally:
-        plain.unlink()
-        lock.unlink()
+    base, test = _runs_without_and_with(tmp_path, ONE_PROBER, lock_test_us=0.5)
     b = [c for c in base["calls"] if c["thread"] == "probe0"]
     t = [c for c in test["calls"] if c["thread"] == "probe0"]
     assert len(b) == len(t) == 25
@@ -296,13 +302,7 @@ def test_lock_wake_us_delays_a_woken_writer_after_the_first_release(tmp_path):
     release during its wait (a release wakes it; it re-tests lock_wake_us later); without the
     term, sooner than that (writer preference: no reader overtakes it)."""
     policy = "writer"
-    plain, lock = _preset_files(tmp_path, lock_wake_us=40.0)
-    try:
-        base = _run_with(tmp_path, PROBE, plain.name, policy)
-        slow = _run_with(tmp_path, PROBE, lock.name, policy)
-    finally:
-        plain.unlink()
-        lock.unlink()
+    base, slow = _runs_without_and_with(tmp_path, PROBE, policy, lock_wake_us=40.0)
     before, after = _first_release_to_grant_ms(base), _first_release_to_grant_ms(slow)
     assert before and after  # the writers did wait for readers
     assert min(before) < 0.040
@@ -330,14 +330,8 @@ def test_sleep_retakes_gil_puts_the_wait_for_the_gil_before_the_calls_start(tmp_
     """sleep_retakes_gil: a sleep ends only when its thread holds the GIL again (time.sleep does),
     so every call after a sleep starts holding it: its first Python takes python_call_us / 2 and
     its lock request follows at once; without the switch some such calls wait for the GIL inside."""
-    plain, retake = _preset_files(tmp_path, sleep_retakes_gil=True)
     paced = PROBE + "  probe_interval_us: 3\n"
-    try:
-        base = _run_with(tmp_path, paced, plain.name)
-        moved = _run_with(tmp_path, paced, retake.name)
-    finally:
-        plain.unlink()
-        retake.unlink()
+    base, moved = _runs_without_and_with(tmp_path, paced, sleep_retakes_gil=True)
 
     def pre_ms(results):
         out = []
@@ -389,11 +383,9 @@ def test_lock_mutex_costs_nothing_uncontended_and_blocks_under_contention(tmp_pa
         preset[k] = {"value": v, "source": "test fixture"}
     mutex = DATA / f"_{tmp_path.name}-mutex.json"
     mutex.write_text(json.dumps(preset))
-    one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
-        "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
     try:
         assert load_cpu_model(mutex).lock_mutex and not load_cpu_model(terms).lock_mutex
-        alone = [_run_with(tmp_path, one_thread, p.name) for p in (terms, mutex)]
+        alone = [_run_with(tmp_path, ONE_PROBER, p.name) for p in (terms, mutex)]
         busy = [_run_with(tmp_path, PROBE, p.name, "writer") for p in (terms, mutex)]
     finally:
         for p in (plain, terms, mutex):
@@ -447,10 +439,8 @@ def test_sleep_overshoot_us_lengthens_each_sleep_by_a_seeded_draw(tmp_path):
     the same draws for the same seed; without it a sleep lasts as asked."""
     plain, late = _preset_files(tmp_path, sleep_overshoot_us={"probs": [0, 1],
                                                               "quantiles_us": [100.0, 300.0]})
-    one_thread = PROBE.replace("probe_threads: 8", "probe_threads: 1").replace(
-        "resize_start_us: 5", "resize_start_us: 1000000") + "  probe_interval_us: 1000\n"
     try:
-        runs = [_run_with(tmp_path, one_thread, p.name) for p in (plain, late, late)]
+        runs = [_run_with(tmp_path, ONE_PROBER, p.name) for p in (plain, late, late)]
     finally:
         plain.unlink()
         late.unlink()

@@ -66,6 +66,12 @@ class EvictableCounts:
         self._flush()
         return int(self.counts[level * self.num_groups + group])
 
+    def inside(self, ids: np.ndarray, level: int, group: int) -> np.ndarray:
+        """Which of ``ids`` are evictable pages at ``(level, group)`` now: one gather of their
+        cells (see :meth:`kvsim.manager.eviction_index.EvictionIndex.select`)."""
+        self._flush()
+        return self.cell.take(ids) == level * self.num_groups + group
+
     def members(self, level: int, group: int) -> np.ndarray:
         """The evictable pages at ``(level, group)``, in page id order (int32): one pass over the
         rows' cells instead of a scan of the level's pages (see

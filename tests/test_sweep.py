@@ -169,6 +169,33 @@ def test_rerun_with_a_changed_kvsim_runs_every_point_again(local_run, tiny, tmp_
     assert again.ran == 8 and again.skipped == 0 and again.dropped == 8
 
 
+def test_rerun_after_the_trace_changed_runs_every_point_again(tmp_path):
+    """A point reads its trace: when the file changes, its earlier row is not reused; when the
+    trace is a parameter, only the points of the changed file run again."""
+    import shutil
+
+    sample = Path(__file__).resolve().parents[1] / "scenarios" / "traces"
+    shutil.copy(sample / "mooncake_sample.yaml", tmp_path / "s.yaml")
+    for name in ("a.jsonl", "b.jsonl"):
+        shutil.copy(sample / "mooncake_sample.jsonl", tmp_path / name)
+    (tmp_path / "s.yaml").write_text((tmp_path / "s.yaml").read_text().replace(
+        "trace: mooncake_sample.jsonl", "trace: a.jsonl"))
+    sweep = load_sweep(tmp_path / "s.yaml", ["workload.trace=a.jsonl,b.jsonl"])
+    out = tmp_path / "out"
+    assert run_sweep(sweep, out, workers=1, report=False).ran == 2
+    assert run_sweep(sweep, out, workers=1, report=False).skipped == 2
+    with open(tmp_path / "b.jsonl", "a") as f:  # one more request in b
+        f.write((tmp_path / "b.jsonl").read_text().splitlines()[-1] + "\n")
+    again = run_sweep(load_sweep(tmp_path / "s.yaml", ["workload.trace=a.jsonl,b.jsonl"]), out,
+                      workers=1, report=False)
+    assert (again.ran, again.skipped) == (1, 1)
+    with open(tmp_path / "a.jsonl", "a") as f:  # the scenario's own trace: every point
+        f.write((tmp_path / "a.jsonl").read_text().splitlines()[-1] + "\n")
+    again = run_sweep(load_sweep(tmp_path / "s.yaml", ["workload.trace=a.jsonl,b.jsonl"]), out,
+                      workers=1, report=False)
+    assert (again.ran, again.skipped) == (2, 0)
+
+
 def test_failing_point_is_recorded_and_retried(tiny, tmp_path, capsys):
     out = tmp_path / "fail"
     argv = ["sweep", str(tiny), "--param", "workload.gpu_fill_fraction=0.5,2.0,1.0",

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvsim.sweep.spec import Part, Sweep, canonical_json, yaml_scalar
+from kvsim.sweep.spec import Part, Sweep, canonical_json, named_files, yaml_scalar
 
 # An ordinal stand-in for platform price (cheapest first), for the report's cost axis.
 HW_RANK = {"h100-pcie": 1, "h200-sxm": 2, "gh200": 3, "b200": 4, "gb200": 5}
@@ -132,9 +132,13 @@ def point_seed(sweep_seed: int, params: dict[str, Any]) -> int:
     return int.from_bytes(_digest("kvsim-sweep-seed", sweep_seed, params)[:8], "big") % (2**31 - 1)
 
 
-def point_id(scenario_hash: str, params: dict[str, Any], fixed: tuple[str, ...], seed: int) -> str:
+def point_id(scenario_hash: str, params: dict[str, Any], fixed: tuple[str, ...], seed: int,
+             files: list[tuple[str, str]] | None = None) -> str:
+    """Names the point's inputs: kvsim, the scenario and the files it names, the parameters and
+    overrides and the files they name (``files``: :func:`kvsim.sweep.spec.named_files`), the
+    seed."""
     return _digest("kvsim-sweep-point", kvsim_digest(), scenario_hash, params, list(fixed),
-                   seed).hex()[:16]
+                   seed, files or []).hex()[:16]
 
 
 @functools.cache
@@ -206,11 +210,14 @@ def expand_values(params: tuple[tuple[str, tuple], ...] | list, method: str = "g
 
 
 def part_points(part: Part, sweep_seed: int) -> list[Point]:
+    base = Path(part.scenario_file).parent
     out = []
     for params in expand_values(part.params, part.method, part.sample, sweep_seed):
         seed = point_seed(sweep_seed, params)
-        out.append(Point(point_id(part.scenario_hash, params, part.fixed, seed), part.scenario_file,
-                         part.scenario_name, part.scenario_hash, params, seed, part.fixed))
+        files = named_files([params, list(part.fixed)], base)
+        out.append(Point(point_id(part.scenario_hash, params, part.fixed, seed, files),
+                         part.scenario_file, part.scenario_name, part.scenario_hash, params, seed,
+                         part.fixed))
     return out
 
 

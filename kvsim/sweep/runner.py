@@ -4,11 +4,12 @@ Output directory (default ``reports/sweeps/<scenario name>/``): ``results.parque
 ``results.csv`` (the table, :mod:`kvsim.sweep.table`), ``sweep.json`` (the definition that made
 it), and ``report.md`` with its figures (:mod:`kvsim.sweep.report`).
 
-A re-run into the same directory skips the points already there with status ``ok`` (same point
-id: same scenario content, parameters, fixed overrides and seed, and the same kvsim: its code and
-shipped presets, :func:`kvsim.sweep.points.kvsim_digest`) and runs the others, failed ones
-included. The table then holds this sweep's points only; rows of earlier runs whose points
-are not in this sweep are dropped.
+A re-run into the same directory skips the points already there with status ``ok`` and runs
+the others, failed ones included. Same point id means the same inputs: the scenario's content and
+the files it and the parameters name (a trace, a preset kept elsewhere), the parameters, fixed
+overrides and seed, and the same kvsim, its code and shipped presets
+(:func:`kvsim.sweep.points.point_id`). The table then holds this sweep's points only; rows of
+earlier runs whose points are not in this sweep are dropped.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class SweepError(KvsimError):
 class Part:
     scenario_file: str                          # path as given (error messages name it)
     scenario_name: str
-    scenario_hash: str                          # of the loaded data without ``sweep:``
+    scenario_hash: str                          # scenario_hash(): data without ``sweep:``, files
     params: tuple[tuple[str, tuple], ...]      # (dotted key, values), in declaration order
     method: str = "grid"
     sample: int | None = None
@@ -113,6 +113,39 @@ def content_hash(data: Any) -> str:
     return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
 
 
+def named_files(value: Any, base: Path) -> list[tuple[str, str]]:
+    """``(name, SHA-256 of the content)`` of every file that a string in ``value`` (nested dicts
+    and lists; ``KEY=VALUE`` overrides by their value) names, relative to ``base`` or absolute,
+    as the scenario loader resolves traces and preset files. What a point reads besides its
+    scenario and kvsim itself: a trace, a CPU or hardware JSON kept elsewhere."""
+    found: dict[str, str] = {}
+
+    def walk(v: Any) -> None:
+        if isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, str) and 0 < len(v) < 4096 and ("/" in v or "." in v):
+            name = v.split("=", 1)[1] if "=" in v else v
+            path = Path(name) if Path(name).is_absolute() else base / name
+            try:
+                if path.is_file():
+                    found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+            except OSError:
+                pass
+
+    walk(value)
+    return sorted(found.items())
+
+
+def scenario_hash(data: Any, path: str | Path) -> str:
+    """Of a scenario's data (without ``sweep:``) and of the files it names (:func:`named_files`):
+    a row of a resumed sweep is reused only while neither changed."""
+    return content_hash([data, named_files(data, Path(path).parent)])
+
+
 def _load_stripped(path: str | Path) -> tuple[dict, Source, Any]:
     data, source = load_yaml(path)
     if not isinstance(data, dict):
@@ -124,9 +157,10 @@ def _load_stripped(path: str | Path) -> tuple[dict, Source, Any]:
 
 def load_sweep_scenario(path: str | Path, overrides: list[str] | None = None
                         ) -> tuple[ScenarioFile, str]:
-    """Like ``load_scenario_file``, with the ``sweep:`` block removed; also the content hash."""
+    """Like ``load_scenario_file``, with the ``sweep:`` block removed; also its
+    :func:`scenario_hash`."""
     data, source, _ = _load_stripped(path)
-    digest = content_hash(data)
+    digest = scenario_hash(data, path)
     if overrides:
         apply_overrides(data, source, overrides)
     return ScenarioFile(data, source, parse_scenario(data, source)), digest
@@ -250,7 +284,7 @@ def _part(path: str, params, fixed, method, sample, where: str) -> Part:
     _check_keys(data, source, params, fixed, where)
     method, sample = _method(method, sample, where)
     name = data.get("name") if isinstance(data.get("name"), str) else Path(path).stem
-    return Part(str(path), name, content_hash(data), params, method, sample, fixed)
+    return Part(str(path), name, scenario_hash(data, path), params, method, sample, fixed)
 
 
 def load_sweep(path: str | Path, params: list[str] | None = None, sets: list[str] | None = None,

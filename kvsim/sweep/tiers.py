@@ -31,7 +31,7 @@ from kvsim.llm.engine_time import load_engine_times
 from kvsim.scenario.schema import Scenario
 from kvsim.scenario.source import load_yaml
 from kvsim.serving.engine import serving_architecture
-from kvsim.sweep.spec import Part, Sweep, content_hash, load_sweep_scenario
+from kvsim.sweep.spec import Part, Sweep, load_sweep_scenario, scenario_hash
 
 KNEE_PCT = 2.0  # "within 2 % of the best": the tier past which more buys little
 
@@ -121,7 +121,8 @@ def tier_sweep(plan: TierPlan, out: Path, host_tokens: list[int], disk_tokens: l
             params += (("sim.disk", tuple(disks)),)
             fixed = (f"sim.disk_drives={drives}",)
         # the point's identity hashes the file's content, as kvsim.sweep.spec does when it runs
-        parts.append(Part(path, plan.name, content_hash(load_yaml(path)[0]), params, fixed=fixed))
+        parts.append(Part(path, plan.name, scenario_hash(load_yaml(path)[0], path), params,
+                          fixed=fixed))
     return Sweep(f"tiers-{plan.name}", 0, tuple(parts), plan.scenario_file)
 
 

@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
                    help="the manager's tokens per block (default 512)")
     p.add_argument("--engine", choices=("lru", "manager"), default="lru",
                    help="lru (default): the manager's rules on a block map, the same results "
-                   "about ten times faster; manager: every call through a KVCacheManager")
+                   "about four times faster; manager: every call through a KVCacheManager")
     p.add_argument("--json", action="store_true", help="print the results object on stdout")
     p.add_argument("--out", help=f"report directory (default {DEFAULT_OUT} with several "
                    "capacities)")

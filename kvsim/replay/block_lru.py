@@ -8,7 +8,8 @@ lists and a heap, with the manager's own block keys (SHA-256 chains over the tok
 :func:`kvsim.manager.radix_tree.block_key`). The same trace, capacity and block size give the
 same reused tokens, oversized requests and dropped blocks as the replay through the manager
 (``tests/test_replay_cache.py`` compares the two on the shipped traces at many capacities and
-block sizes, and on random traces made to collide), about ten times faster.
+block sizes, and on random traces made to collide), about four times faster (the whole replay of
+11,979 requests at 3M tokens: 8.5 s of CPU through the manager, 2.0 s here).
 
 * **Match** (``create_kv_cache``, ``probe_reuse``; partial reuse off): the leading full blocks
   found by key, then the prompt's partial last block if a stored partial block holds exactly its

@@ -8,7 +8,7 @@ The cache is the manager (:class:`~kvsim.manager.KVCacheManager`) configured by
 manager's eviction order (least recently used first, leaves before their prefixes). Two engines
 run it: ``"manager"`` makes the calls below on a real manager; ``"lru"`` (the default,
 :mod:`kvsim.replay.block_lru`) applies the same rules to a block map without the manager and
-gives the same results (the tests compare the two) about ten times faster.
+gives the same results (the tests compare the two) about four times faster.
 
 Per request, in trace order:
 
@@ -117,7 +117,7 @@ def replay_cache(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: i
     """Replay ``trace`` on a cache of ``capacity_tokens``; see the module docstring.
 
     ``engine``: ``"lru"`` (:mod:`kvsim.replay.block_lru`, the manager's rules without the
-    manager: the same result, about ten times faster) or ``"manager"`` (every call through a
+    manager: the same result, about four times faster) or ``"manager"`` (every call through a
     :class:`KVCacheManager`). ``progress`` (if given) receives a line every
     ``progress_every_s`` seconds. ``manager`` overrides the one built from
     :func:`cache_only_config` (tests use it to look inside; it implies ``"manager"``).

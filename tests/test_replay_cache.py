@@ -6,6 +6,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from kvsim.cli import main
@@ -151,6 +152,24 @@ def test_lru_engine_gives_the_managers_results_on_colliding_traces(seed):
     for tpb in (512, 200):
         for slots in (3, 5, 8, 13, 40):
             both_engines(trace, slots * tpb, tpb)
+
+
+def test_the_block_lru_drops_a_block_with_everything_below_it():
+    """Not reached by a replay (a block is never older than the blocks below it, so they go
+    first), but kept exact: a deep chain and a partial sibling go with their prefix."""
+    from kvsim.replay.block_lru import BlockLru
+
+    lru = BlockLru(slots=5000, tokens_per_block=1)
+    chain = np.arange(3000, dtype="<u4").tobytes()  # 3000 one-token blocks, one chain
+    assert lru.request(chain, 0, probe_only=False) == (0, 0)
+    other = np.array([0, 1, 7, 8], dtype="<u4").tobytes()  # shares the first two blocks
+    assert lru.request(other, 2, probe_only=False) == (2, 0)
+    assert lru.used == len(lru.tick) == 3002
+    first = next(k for k, d in lru.depth.items() if d == 0)
+    lru._remove(first)
+    assert lru.used == len(lru.tick) == 0
+    assert not any(lru.fulls.values()) and not any(lru.partials.values())
+    assert lru.request(chain, 4, probe_only=True) == (0, 0)
 
 
 def test_unknown_engine_is_refused():

@@ -88,16 +88,21 @@ class BlockLru:
         bisect.insort(siblings.setdefault(parent, []), raw)
 
     def _remove(self, key: bytes) -> None:
-        """Take ``key`` and every block below it out; their slots are freed."""
-        for child in list(self.kids.pop(key, ())):
-            self._remove(child)
-        raw = self.raw.pop(key)
-        parent = self.parent.pop(key)
-        del self.tick[key], self.depth[key]
-        self.kids[parent].discard(key)
-        siblings = (self.fulls if len(raw) == self.width else self.partials)[parent]
-        del siblings[bisect.bisect_left(siblings, raw)]
-        self.used -= 1
+        """Take ``key`` and every block below it out; their slots are freed. Iterative: a
+        chain below a block can be as deep as a prompt is long."""
+        below = [key]
+        for k in below:  # grows as it goes: the subtree, parents before children
+            below.extend(self.kids.pop(k, ()))
+        for k in reversed(below):
+            raw = self.raw.pop(k)
+            parent = self.parent.pop(k)
+            del self.tick[k], self.depth[k]
+            siblings = self.kids.get(parent)
+            if siblings is not None:  # a removed parent's set went first
+                siblings.discard(k)
+            same_kind = (self.fulls if len(raw) == self.width else self.partials)[parent]
+            del same_kind[bisect.bisect_left(same_kind, raw)]
+            self.used -= 1
 
     def _stamp(self, key: bytes, tick: int) -> None:
         self.tick[key] = tick

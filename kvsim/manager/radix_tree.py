@@ -250,9 +250,6 @@ class RadixTree:
     def remove_subtree(self, node: Node) -> list[Node]:
         """Detach ``node`` and every node below it; returns them, deepest first. The caller
         takes their pages out of the tree."""
-        if not node.children:  # a leaf: what eviction drops, deepest first, nearly always
-            self._detach(node)
-            return [node]
         out: list[Node] = []
         stack = [node]
         while stack:  # pre-order, reversed below: children before their parents

@@ -86,14 +86,10 @@ class Link:
         self.active = [t for t in self.active if t.remaining > _EPS_BYTES]
         for t in finished:
             t.done.succeed()
-        if len(self.active) == 1:  # alone on the link: its cap or the solo bandwidth
-            only = self.active[0]
-            only.rate = min(only.cap, self.solo_bps[only.direction])
-        else:
-            rates = link_rates(self.solo_bps, self.bidirectional_factor,
-                               [(t.direction, t.cap, t.cap_both) for t in self.active])
-            for t, rate in zip(self.active, rates):
-                t.rate = rate
+        rates = link_rates(self.solo_bps, self.bidirectional_factor,
+                           [(t.direction, t.cap, t.cap_both) for t in self.active])
+        for t, rate in zip(self.active, rates):
+            t.rate = rate
         self._generation += 1
         if self.active:
             dt = min(t.remaining / t.rate for t in self.active)

@@ -16,6 +16,19 @@ from __future__ import annotations
 import hashlib
 
 
+def chain_keys(raw: bytes, width: int, upto: int, keys: list[bytes] | None = None) -> list[bytes]:
+    """The keys of the first ``upto`` full blocks of ``raw`` (``width`` bytes each), ``keys``
+    (a prefix of them) continued: each the SHA-256 of the key before (none for the first) and
+    the block's bytes, as :func:`kvsim.manager.radix_tree.block_key` keys a block."""
+    out = list(keys) if keys else []
+    key = out[-1] if out else b""
+    sha256 = hashlib.sha256
+    for b in range(len(out), upto):
+        key = sha256(key + raw[b * width:(b + 1) * width]).digest()
+        out.append(key)
+    return out
+
+
 class KeyChains:
     def __init__(self, tokens_per_block: int, size: int = 256) -> None:
         self.width = 4 * tokens_per_block  # bytes of one block's tokens
@@ -30,13 +43,7 @@ class KeyChains:
         """``keys`` (a prefix of ``raw``'s chain) completed to ``upto`` blocks, and remembered."""
         if len(keys) >= upto:
             return keys
-        width = self.width
-        sha256 = hashlib.sha256
-        out = list(keys)
-        key = out[-1] if out else b""
-        for b in range(len(out), upto):
-            key = sha256(key + raw[b * width:(b + 1) * width]).digest()
-            out.append(key)
+        out = chain_keys(raw, self.width, upto, keys)
         if len(self._memo) >= self.size:
             self._memo = {}
         self._memo[raw] = out

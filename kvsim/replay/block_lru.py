@@ -37,6 +37,7 @@ import heapq
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvsim.manager.key_chains import chain_keys
 from kvsim.traces.mooncake import MooncakeTrace, tokens_for
 
 # The heap keeps stale entries (blocks used again or gone) until they surface; past this many
@@ -154,11 +155,7 @@ class BlockLru:
         width = self.width
         n_full, tail_bytes = divmod(len(raw), width)
         sha256, stored = hashlib.sha256, self.tick
-        keys: list[bytes] = []
-        key = b""
-        for b in range(n_full):
-            key = sha256(key + raw[b * width:(b + 1) * width]).digest()
-            keys.append(key)
+        keys = chain_keys(raw, width, n_full)
         k = 0
         while k < n_full and keys[k] in stored:
             k += 1

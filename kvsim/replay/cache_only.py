@@ -36,7 +36,6 @@ figure (the tests check it).
 from __future__ import annotations
 
 import bisect
-import hashlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +43,7 @@ from dataclasses import dataclass
 
 from kvsim.errors import ConfigError
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
+from kvsim.manager.key_chains import chain_keys
 from kvsim.replay.block_lru import OutOfRoom, lru_replay
 from kvsim.traces.mooncake import BLOCK_TOKENS, MooncakeTrace, tokens_for
 
@@ -132,7 +132,7 @@ def replay_cache(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: i
     slots = mgr.layout.level_slots[0][0]
     input_tokens = reused_tokens = oversized = dropped = 0
     n = len(trace.requests)
-    next_report = time.perf_counter() + progress_every_s
+    report = _reporter(progress, progress_every_s, capacity_tokens, n)
     for i, req in enumerate(trace.requests):
         prompt = tokens_for(req)
         input_tokens += req.input_length
@@ -156,29 +156,35 @@ def replay_cache(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: i
         if matched < req.input_length:
             cache.commit(prompt[matched:])
         cache.close()
-        if progress is not None and time.perf_counter() >= next_report:
-            next_report = time.perf_counter() + progress_every_s
-            progress(f"capacity {capacity_tokens} tokens: {i + 1}/{n} requests, "
-                     f"hit rate so far {reused_tokens / input_tokens if input_tokens else 0:.4f}")
+        if report is not None:
+            report(i, input_tokens, reused_tokens)
     return CacheReplayResult(capacity_tokens, tpb, slots, n, input_tokens, reused_tokens,
                              oversized, dropped)
+
+
+def _reporter(progress: Progress | None, every_s: float, capacity_tokens: int,
+              n: int) -> Callable[[int, int, int], None] | None:
+    """``report(i, input tokens, reused tokens)`` after request ``i``: a line to ``progress`` at
+    most every ``every_s`` seconds (None without ``progress``)."""
+    if progress is None:
+        return None
+    next_report = time.perf_counter() + every_s
+
+    def report(i: int, input_tokens: int, reused_tokens: int) -> None:
+        nonlocal next_report
+        if time.perf_counter() >= next_report:
+            next_report = time.perf_counter() + every_s
+            progress(f"capacity {capacity_tokens} tokens: {i + 1}/{n} requests, "
+                     f"hit rate so far {reused_tokens / input_tokens if input_tokens else 0:.4f}")
+
+    return report
 
 
 def _replay_lru(trace: MooncakeTrace, capacity_tokens: int, tokens_per_block: int,
                 progress: Progress | None, progress_every_s: float) -> CacheReplayResult:
     slots = capacity_tokens // tokens_per_block
     n = len(trace.requests)
-    report = None
-    if progress is not None:
-        next_report = time.perf_counter() + progress_every_s
-
-        def report(i: int, input_tokens: int, reused_tokens: int) -> None:
-            nonlocal next_report
-            if time.perf_counter() >= next_report:
-                next_report = time.perf_counter() + progress_every_s
-                progress(f"capacity {capacity_tokens} tokens: {i + 1}/{n} requests, "
-                         f"hit rate so far {reused_tokens / input_tokens if input_tokens else 0:.4f}")
-
+    report = _reporter(progress, progress_every_s, capacity_tokens, n)
     try:
         counts = lru_replay(trace, slots, tokens_per_block,
                             lambda length: request_slots(length, tokens_per_block) <= slots, report)
@@ -220,9 +226,7 @@ def max_reuse(trace: MooncakeTrace, tokens_per_block: int = BLOCK_TOKENS) -> tup
         raw = tokens_for(req).astype("<u4").tobytes()
         n_full, tail = divmod(len(raw), width)
         total += req.input_length
-        keys = [b""]
-        for b in range(n_full):
-            keys.append(hashlib.sha256(keys[-1] + raw[b * width:(b + 1) * width]).digest())
+        keys = [b"", *chain_keys(raw, width, n_full)]  # keys[b]: the prefix before block b
         k = 0
         while k < n_full and keys[k + 1] in full:
             k += 1

@@ -136,7 +136,24 @@ def _check_ownership(mgr: KVCacheManager, out: list[str]) -> None:
 def _check_tree(mgr: KVCacheManager, out: list[str]) -> None:
     p = mgr.storage.pages
     tree = mgr.tree
-    for node_id, node in tree.nodes.items():
+    nodes = list(tree.nodes.values())
+    # The page back-pointers of every node, and every committed page's node, checked as arrays
+    # (a per-page loop of numpy scalar reads dominated the checker on long chains); the
+    # messages come out in the same order as a loop over the nodes would give them.
+    ids = np.fromiter((n.node_id for n in nodes), dtype=np.int64, count=len(nodes))
+    width = mgr.layout.num_life_cycles
+    try:
+        table = np.array([n.pages for n in nodes], dtype=np.int64).reshape(len(nodes), width)
+    except ValueError:
+        out.append(f"radix tree: a node without exactly {width} pages (one per life cycle)")
+        return
+    has = table != NO_PAGE
+    rows = np.where(has, table, 0)
+    bad_page = has & ((p.level[rows] < 0) | (p.node[rows] != ids[:, None])
+                      | (p.life_cycle[rows] != np.arange(width)))
+    bad_rows = set(np.flatnonzero(bad_page.any(axis=1)).tolist())
+    for i, node in enumerate(nodes):
+        node_id = node.node_id
         root = tree.roots.get(node.root.scope)
         if root is not node.root or root.nodes_by_key.get(node.key) is not node:
             out.append(f"node {node_id}: not reachable from its root")
@@ -152,18 +169,22 @@ def _check_tree(mgr: KVCacheManager, out: list[str]) -> None:
         elif parent.depth + 1 != node.depth or parent.children.get(node.key) is not node:
             out.append(f"node {node_id}: depth {node.depth} under parent of depth {parent.depth}, "
                        "or not among its parent's children")
-        for lc, page in enumerate(node.pages):
-            if page != NO_PAGE and (p.level[page] < 0 or p.node[page] != node_id
-                                    or p.life_cycle[page] != lc):
-                out.append(f"node {node_id}: page {page} of life cycle {lc} does not point back")
+        if i in bad_rows:
+            for lc in np.flatnonzero(bad_page[i]).tolist():
+                out.append(f"node {node_id}: page {int(table[i, lc])} of life cycle {lc} does "
+                           "not point back")
     for root in tree.roots.values():
         if any(tree.nodes.get(n.node_id) is not n for n in root.nodes_by_key.values()):
             out.append(f"root {root.scope!r}: maps a removed node")
     committed = np.flatnonzero(p.node >= 0)
-    for page in committed.tolist():
-        node = tree.nodes.get(int(p.node[page]))
-        if node is None or node.pages[int(p.life_cycle[page])] != page:
-            out.append(f"committed page {page} is not reachable from the tree")
+    row_of = np.full(max(tree._next_node_id, int(p.node.max(initial=-1)) + 1), -1, dtype=np.int64)
+    row_of[ids] = np.arange(ids.size)
+    row = row_of[p.node[committed]]
+    found = row >= 0
+    back = np.zeros(committed.size, dtype=bool)
+    back[found] = table[row[found], p.life_cycle[committed[found]]] == committed[found]
+    for page in committed[~back].tolist():
+        out.append(f"committed page {page} is not reachable from the tree")
 
 
 def find_violations(mgr: KVCacheManager) -> list[str]:

@@ -54,6 +54,14 @@ Every measurement states what it moves and how it is timed (nvbandwidth style):
   neighbours plus up to 1024 random untouched slots) must still hold the poison; then the
   destination slots are poisoned again. A point measured in passes is checked after its first
   pass; its destination slots are poisoned again after every later pass.
+* **Host probe.** Before every pass over a batch's points and once after its last pass, the same
+  small batch -- 64 pages of 2 x 8 KiB, offload, slots 0-63 of a probe pool set of its own (256
+  slots per level) -- is submitted through :class:`hw.executor_copies.PlanCopier` on each path
+  (``ce-page``, ``ce-batch``, ``kernel`` at 8 CTAs), one warm-up and :data:`PROBE_REPS` timed
+  submissions each, the stream synchronised after each; the median host enqueue time
+  (``perf_counter`` around the submission) per path is recorded under ``host_probes`` with the
+  batch and pass it preceded. It tracks the host's speed through the run (about 15 ms a probe);
+  the judge scales each path's host figures by it (PROTOCOL-3.md). ``--no-host-probe`` leaves it out.
 * **Records.** Compact unless ``--full-records`` (:meth:`PlanBench.add`): times rounded to 0.1 us,
   per-sample GB/s, host total time and the copier's own event times left out.
 """
@@ -105,6 +113,7 @@ EST_FILL_GBPS = 8.0
 EST_GROUP_S = 1.5
 EST_COMPILE_S = 8.0
 EST_PIN_S_PER_GB = 0.4
+EST_PROBE_S = 15e-3  # one host probe (three paths, PROBE_REPS + 1 submissions each)
 
 
 # ---------------------------------------------------------------------------- slot arrays (no GPU)
@@ -206,6 +215,14 @@ def selector_pick(hw: Any, batch: dict) -> tuple[str, int | None]:
     return sel.path, (sel.estimate.ctas if sel.path == "kernel" else None)
 
 
+# The host probe (PlanBench.host_probe; PROTOCOL-3.md): a batch small enough that a probe of the
+# three paths takes about 15 ms, so one before every pass of 147 batches costs about 10 s of a run.
+PROBE_PAGES = 64
+PROBE_SLOTS = 256
+PROBE_REPS = 5
+PROBE_LAYOUT = (8192, 8192)
+PROBE_POINTS = (("ce-page", None), ("ce-batch", None), ("kernel", 8))
+
 SMALL_POINT_S = 1e-3   # points the model prices below this end to end take --small-samples
 MID_POINT_S = 10e-3    # ... below this --mid-samples; both in ROUNDS passes (run_batch)
 ROUNDS = 3
@@ -291,13 +308,16 @@ def estimate_group_s(key: tuple) -> float:
 
 def plan_table(hw: Any, batches: Sequence[dict], quick: bool, warmup: int,
                samples: int, select_only: bool = False, small: int | None = None,
-               mid: int | None = None) -> tuple[list[dict], float]:
+               mid: int | None = None, probe: bool = False) -> tuple[list[dict], float]:
     rows, total = [], EST_COMPILE_S
     for key, grp in groups(batches):
         total += estimate_group_s(key)
         for b in grp:
             pts = points(hw, b, quick, select_only)
             secs = sum(estimate_point_s(hw, b, p, c, warmup, samples, small, mid) for p, c in pts)
+            if probe:  # one probe before each pass and one after the last
+                secs += EST_PROBE_S * (1 + max(sample_plan(hw, b, p, c, samples, small, mid)[1]
+                                               for p, c in pts))
             total += secs
             rows.append({"id": b["id"], "role": b["role"], "direction": b["direction"],
                          "pool_slot_bytes": b["pool_slot_bytes"], "pages": b["pages"],
@@ -399,6 +419,51 @@ class PlanBench(Bench):
         copy_kernels.get_kernel(copy_kernels.GATE)
         self.on_batch: Any = None  # called after each batch (the driver saves the JSON)
         self.no_gate: set[str] = set()  # paths whose gated timing overflowed the command queue
+        self.host_probes: list[dict] = []
+        self._probe: Any = None if getattr(args, "host_probe", True) else False
+
+    # -- the host probe --------------------------------------------------------------------------
+    def host_probe(self, batch_id: str, where: str) -> dict | None:
+        """Submit the probe batch on each path of :data:`PROBE_POINTS` (module doc, "Host
+        probe"); record and return the median host enqueue ms per path."""
+        if self._probe is False:
+            return None
+        from hw.executor_copies import PlanCopier
+        from hw.pools import HostDevicePools
+        from kvsim.manager.plan import CopyBatch
+
+        if self._probe is None:
+            pools = HostDevicePools(layout_for(PROBE_LAYOUT, PROBE_SLOTS, PROBE_SLOTS),
+                                    device=self.dev, hardware=self.hw)
+            stream = self.cp.cuda.Stream(non_blocking=True)
+            slots = np.arange(PROBE_PAGES, dtype=np.int32)
+            batch = CopyBatch(DEVICE, HOST, 0, slots, slots.copy(), PROBE_LAYOUT)
+            copiers = [(f"{p}" if c is None else f"{p}:{c}",
+                        PlanCopier(pools, path=p, stream=stream, ctas=c)) for p, c in PROBE_POINTS]
+            self._probe = (pools, batch, copiers)
+        _pools, batch, copiers = self._probe
+        out: dict[str, Any] = {"batch": batch_id, "at": where,
+                               "t_s": round(time.perf_counter() - self.t_start, 3), "ms": {},
+                               "samples_ms": {}}
+        for key, copier in copiers:
+            times = []
+            for i in range(1 + PROBE_REPS):
+                t0 = time.perf_counter()
+                copier.submit([batch])
+                t1 = time.perf_counter()
+                copier.wait()
+                if i:
+                    times.append(round((t1 - t0) * 1e3, 4))
+            out["samples_ms"][key] = times
+            out["ms"][key] = float(np.median(times))
+        self.host_probes.append(out)
+        return out
+
+    def close(self) -> None:
+        if self._probe:
+            self._probe[0].close()
+            self._probe = None
+        super().close()
 
     # -- one pool set ----------------------------------------------------------------------------
     def run_group(self, key: tuple, batches: list[dict]) -> None:
@@ -511,6 +576,7 @@ class PlanBench(Bench):
         if not todo:
             return
         for rnd in range(max(t["rounds"] for t in todo)):
+            self.host_probe(batch["id"], f"pass {rnd}")
             for t in todo:
                 if rnd >= t["rounds"]:
                     continue
@@ -553,6 +619,7 @@ class PlanBench(Bench):
                 if rnd == 0:
                     t["check"] = self._check(pools, batch, src, dst, guards)
                 self._poison_slots(pools, dst_level, d_dst)
+        self.host_probe(batch["id"], "after")
         self.samples = self.base_samples
         mech = {"ce-page": "cudaMemcpyAsync per page and pool (copy engine)",
                 "ce-batch": "one cudaMemcpyBatchAsync for every page and pool, srcAccessOrder="
@@ -647,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the batch's points (default 21; 0: --samples in one pass)")
     ap.add_argument("--mid-samples", type=int, default=7,
                     help="the same for points under 10 ms (default 7; 0: --samples in one pass)")
+    ap.add_argument("--no-host-probe", dest="host_probe", action="store_false",
+                    help="leave out the host probe before each pass (module doc)")
     ap.add_argument("--full-records", action="store_true",
                     help="keep every per-sample list at full precision (default: compact records, "
                          "see PlanBench.add)")
@@ -668,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
     blist = load_list(args.batches, args.quick)
     batches = [b for b in blist["batches"] if b.get("quick") or not args.quick]
     rows, est = plan_table(hw, batches, args.quick, args.warmup, args.samples, args.select_only,
-                           args.small_samples or None, args.mid_samples or None)
+                           args.small_samples or None, args.mid_samples or None, args.host_probe)
     if args.dry_run:
         print_plan(rows, est, len(groups(batches)))
         print(f"split: {blist['split']['rule']}")
@@ -699,7 +768,13 @@ def main(argv: list[str] | None = None) -> int:
                    "seed": args.seed, "poison_byte": POISON, "base_ctas": list(BASE_CTAS),
                    "quick_ctas": list(QUICK_CTAS), "gated_perpage_max_copies": GATED_PERPAGE_MAX,
                    "gated_batch_max_copies": GATED_BATCH_MAX, "guard_sample": GUARD_SAMPLE,
-                   "estimated_s": est},
+                   "estimated_s": est,
+                   "host_probe": ({"pages": PROBE_PAGES, "pool_slot_bytes": list(PROBE_LAYOUT),
+                                   "pool_slots": PROBE_SLOTS, "direction": "offload",
+                                   "slots": "0..63 both sides", "reps": PROBE_REPS,
+                                   "points": [p if c is None else f"{p}:{c}" for p, c in PROBE_POINTS],
+                                   "statistic": "median host enqueue ms per path"}
+                                  if args.host_probe else None)},
         "split": blist["split"],
         "targets": blist.get("targets"),
         "batch_list": {k: v for k, v in blist.items() if k != "batches"},
@@ -710,6 +785,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def dump() -> None:
         doc["elapsed_s"] = round(time.perf_counter() - t0, 1)  # also before the bench exists
+        if bench is not None:
+            doc["host_probes"] = bench.host_probes
         write_doc(doc, bench, path, t0)
 
     last_dump = [time.perf_counter()]

@@ -375,6 +375,12 @@ def test_quick_run_on_the_gpu(tmp_path):
     assert {r["path"] for r in recs} == {"ce-page", "ce-batch", "kernel", "select"}
     j = pb.judge(meas)
     assert j["model"]["fit"]["count"] > 0 and j["selector"]["judged"] == len(sweep)
+    # the host probe: before every pass of every batch and after its last, each path timed
+    probes = meas["host_probes"]
+    assert {p["batch"] for p in probes} == {b["id"] for b in sweep}
+    assert all(set(p["ms"]) == {"ce-page", "ce-batch", "kernel:8"} and min(p["ms"].values()) > 0
+               for p in probes)
+    assert sum(p["at"] == "after" for p in probes) == len(sweep)
 
 
 def test_judge_select_compares_a_select_only_run_with_a_full_run():

@@ -296,3 +296,174 @@ def figures(hw: HardwareSpec) -> dict:
                    "submit_copy_engine_host_us": c.submit_copy_engine_host_us,
                    "submit_after_launch_host_us": pd(c.submit_after_launch_host_us)},
     }
+
+
+# ---------------------------------------------------------------------------- PROTOCOL-3.md
+# Copy model 3: the fit and the judged batches in one run, the host's speed measured per batch.
+
+KNEE_LOSS = "linear"
+PROBE_PATHS = {"ce-page": "ce-page", "ce-batch": "ce-batch", "kernel": "kernel:8"}
+FIT3_RULES = {
+    "host speed": "per batch and path: the median of the host probes recorded for the batch "
+                  "(before each pass over its points and after the last; hw.bench_plan_batches) "
+                  "over the reference, the median of that figure over the fit-role batches",
+    "host figures": "the fit-role points' host enqueue times divided by their batch's host "
+                    f"speed, by the rules of FIT_RULES ({HOST_FIT}), except that the kernel "
+                    "points' host time is fitted on (1, pages, pools), the pools' coefficient "
+                    "being kernel.launch_host_us (one launch per pool); "
+                    "copier.submit_after_launch_host_us keeps its share of submit_batch_host_us",
+    "kernel device figures": "kernel.latency_us, per_cta_max_gbps, page_latency_us, knee_p, "
+                             "plateau_gbps and copier.batch_device_us per direction, knee_form "
+                             "'hyperbolic': the fit-role kernel points' gated (device) times, robust "
+                             "least squares of log error (soft-L1, 5 % scale)",
+    "copy_engine.per_copy_device_us": "per direction, the fit-role per-page copy points' gated "
+                                      "(device) times, robust least squares of log error",
+    "copier.submit_after_launch_host_us": "per direction, the fit-role kernel points' end-to-end "
+                                          "times at their batch's host speed, robust least squares "
+                                          "of log error, at most submit_batch_host_us",
+    "every other figure": "the hardware spec given (the h200-sxm preset: copy model 2)",
+}
+
+
+def probe_speeds(measurement: dict, roles: tuple[str, ...] = ("fit",)
+                 ) -> tuple[dict[str, dict[str, float]], dict]:
+    """``({batch id: {path: host speed}}, reference)`` from the measurement's ``host_probes``:
+    a batch's probe figure per path is the median of its probes' medians; the reference per path
+    is the median of that figure over the batches whose role is one of ``roles``; a batch's host
+    speed is its figure over the reference (1.0 = the fit batches' typical host). A batch
+    without probes is left out (its speed is 1.0 where used)."""
+    probes = measurement.get("host_probes") or []
+    if not probes:
+        raise ValueError("the measurement has no host_probes (hw.bench_plan_batches without "
+                         "--no-host-probe records them)")
+    per: dict[str, dict[str, list[float]]] = {}
+    for p in probes:
+        for path, key in PROBE_PATHS.items():
+            if key in p["ms"]:
+                per.setdefault(p["batch"], {}).setdefault(path, []).append(float(p["ms"][key]))
+    fig = {b: {path: statistics.median(v) for path, v in d.items()} for b, d in per.items()}
+    roles_of = {b["id"]: role(b) for b in measurement["batches"]}
+    ref = {}
+    for path in PROBE_PATHS:
+        vals = [d[path] for b, d in fig.items() if roles_of.get(b) in roles and path in d]
+        if not vals:
+            raise ValueError(f"no host probes of {path} on batches of roles {roles}")
+        ref[path] = statistics.median(vals)
+    speeds = {b: {path: v / ref[path] for path, v in d.items()} for b, d in fig.items()}
+    return speeds, {"reference_ms": ref, "roles": list(roles), "probes": len(probes)}
+
+
+def refit_probe(hw: HardwareSpec, measurement: dict, roles: tuple[str, ...] = ("fit",),
+                device_from: list[dict] | None = None
+                ) -> tuple[HardwareSpec, dict[str, dict[str, float]], dict]:
+    """Copy model 3 (PROTOCOL-3.md; :data:`FIT3_RULES`): ``(spec, host speed per batch and
+    path, report)``. Host figures are fitted on the points of the batches of ``measurement``
+    whose pre-registered role is one of ``roles``; device figures on the gated times of every
+    batch of the measurements ``device_from`` (None: the same points as the host figures). Price
+    a batch ``b`` with ``CopySelector(spec, host_speed=speeds[b])``."""
+    from kvsim.model.copy_paths import with_host_speed
+
+    speeds, ref = probe_speeds(measurement, roles)
+    pts = [p for p in fit_points(measurement, roles) if p.issue_s]
+    if not pts:
+        raise ValueError(f"the measurement holds no points of roles {roles}")
+    report: dict = {"points": len(pts), "roles": list(roles), "rules": FIT3_RULES, "host_probe": ref}
+
+    def sp(p: Point) -> float:
+        return speeds.get(p.batch, {}).get(p.path, 1.0)
+
+    # host figures, on host times brought to the reference host
+    page = [p for p in pts if p.path == "ce-page" and p.host_s
+            and max(p.pool_slot_bytes) < SMALL_COPY_MAX_BYTES]
+    x = robust_linear([[1.0, float(p.copies)] for p in page], [p.host_s * 1e6 / sp(p) for p in page])
+    hw = _set(hw, "copy_engine", "per_call_host_us", float(x[1]))
+    hw = replace(hw, copier=replace(hw.copier, submit_copy_engine_host_us=float(x[0])))
+    batch = [p for p in pts if p.path == "ce-batch" and p.host_s]
+    rows = []
+    for p in batch:
+        off = p.direction == "offload"
+        small_kib = sum(p.pages * sb / 1024 for sb in p.pool_slot_bytes if sb < SMALL_COPY_MAX_BYTES)
+        rows.append([1.0, p.copies if off else 0.0, 0.0 if off else p.copies,
+                     small_kib if off else 0.0, 0.0 if off else small_kib])
+    x = robust_linear(rows, [p.host_s * 1e6 / sp(p) for p in batch])
+    hw = replace(hw, copy_engine=replace(
+        hw.copy_engine, batch_call_host_us=float(x[0]),
+        batch_descriptor_host_us=PerDirection(offload=float(x[1]), onboard=float(x[2])),
+        batch_small_copy_host_us_per_kib=PerDirection(offload=float(x[3]), onboard=float(x[4])),
+        batch_small_copy_max_bytes=SMALL_COPY_MAX_BYTES))
+    kern = [p for p in pts if p.path == "kernel" and p.host_s]
+    x = robust_linear([[1.0, float(p.pages), float(len(p.pool_slot_bytes))] for p in kern],
+                      [p.host_s * 1e6 / sp(p) for p in kern])
+    hw = replace(hw, kernel=replace(hw.kernel, launch_host_us=float(x[2])))
+    old = hw.copier.submit_batch_host_us
+    share = {d: (hw.copier.submit_after_launch_host_us[d] / old if old else 0.0) for d in DIRECTIONS}
+    hw = replace(hw, copier=replace(
+        hw.copier, submit_batch_host_us=float(x[0]), submit_page_host_us=float(x[1]),
+        submit_after_launch_host_us=PerDirection(**{d: share[d] * float(x[0]) for d in DIRECTIONS})))
+
+    # device figures: on the gated (device-only) times of dev_pts
+    dev_pts = pts if device_from is None else [p for m in device_from for p in fit_points(m, None)
+                                               if p.gated_s]
+    report["device_points"] = len([p for p in dev_pts if p.gated_s])
+    # per-page copies' device time per copy
+    for d in DIRECTIONS:
+        gated = [p for p in dev_pts if p.path == "ce-page" and p.direction == d and p.gated_s]
+        if gated:
+            hw = _robust_fit_to(hw, gated, [("copy_engine", "per_copy_device_us")], d, [(0.0, 50.0)],
+                                lambda s, p: CopySelector(s).price(p.path, p.direction, p.pool_slot_bytes,
+                                                                   p.pages, True, p.ctas).seconds,
+                                lambda p: p.gated_s)
+    # kernel device figures on the gated times, hyperbolic knee
+    hw = replace(hw, kernel=replace(hw.kernel, knee_form="hyperbolic"))
+    names = [("kernel", f) for f in KERNEL_FIELDS] + [("copier", "batch_device_us")]
+    for d in DIRECTIONS:
+        gated = [p for p in dev_pts if p.path == "kernel" and p.direction == d and p.gated_s]
+        if gated:
+            bounds = [KERNEL_BOUNDS[f] for _, f in names[:-1]] + [(0.0, 200.0)]
+            hw = _robust_fit_to(hw, gated, names, d, bounds, lambda s, p: CopySelector(s).price(
+                p.path, p.direction, p.pool_slot_bytes, p.pages, True, p.ctas).seconds,
+                lambda p: p.gated_s, KNEE_LOSS)
+        kern = [p for p in pts if p.path == "kernel" and p.direction == d]
+        if kern:
+            hw = _robust_fit_to(hw, kern, [("copier", "submit_after_launch_host_us")], d,
+                                [(0.0, hw.copier.submit_batch_host_us)],
+                                lambda s, p: CopySelector(s, host_speed=sp(p)).price(
+                                    p.path, p.direction, p.pool_slot_bytes, p.pages, True,
+                                    p.ctas).end_to_end_seconds, lambda p: p.issue_s)
+    errors: dict = {}
+    for path in ("ce-page", "ce-batch", "kernel"):
+        apes = [abs(CopySelector(with_host_speed(hw, speeds.get(p.batch, {}))).price(
+            p.path, p.direction, p.pool_slot_bytes, p.pages, True, p.ctas).end_to_end_seconds
+            / p.issue_s - 1) * 100 for p in pts if p.path == path]
+        if apes:
+            errors[path] = {"points": len(apes), "median_ape_pct": statistics.median(apes),
+                            "worst_ape_pct": max(apes)}
+    report["fit_errors"] = errors
+    report["figures"] = figures(hw)
+    return hw, speeds, report
+
+
+def _robust_fit_to(hw: HardwareSpec, points: list[Point], names: list[tuple[str, str]],
+                   direction: str, bounds: list[tuple[float, float]], predict, measured,
+                   loss: str = "soft_l1") -> HardwareSpec:
+    """:func:`_robust_fit` with the prediction and the measured figure given (``loss``: the
+    least-squares loss, soft-L1 at 5 % scale, or "linear": plain least squares of log error)."""
+    from scipy.optimize import least_squares
+
+    def spec(x: np.ndarray) -> HardwareSpec:
+        out = hw
+        for (section, field), v in zip(names, x):
+            out = _set(out, section, field, float(v), direction)
+        return out
+
+    meas = np.array([measured(p) for p in points])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        s = spec(x)
+        return np.log(np.array([predict(s, p) for p in points]) / meas)
+
+    lo = np.array([b[0] for b in bounds])
+    hi = np.array([b[1] for b in bounds])
+    x0 = np.clip(np.array([float(getattr(getattr(hw, s), f)[direction] or 0.0) for s, f in names]), lo, hi)
+    res = least_squares(residuals, x0, bounds=(lo, hi), loss=loss, f_scale=0.05)
+    return spec(res.x)

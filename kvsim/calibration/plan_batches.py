@@ -664,6 +664,147 @@ def judge_select(select_run: dict | str | Path, full_run: dict | str | Path,
             "rows": rows}
 
 
+def judge3(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") -> dict:
+    """PROTOCOL-3.md: copy model 3 fitted on the fit-role batches of ``measurement`` and judged
+    on its judge-role batches, each batch priced at its own host speed (the run's host probes;
+    :func:`kvsim.calibration.plan_batch_fit.refit_probe`).
+
+    * ``model``: every fixed-path point, predicted ``CopyEstimate.end_to_end_seconds`` against
+      the median ``cuda_events_issue`` time; ``judge`` (the target's set) and ``fit`` (reference);
+      ``judge_by`` breaks the judged points down by path and size (<= 256 pages or more).
+    * ``device`` / ``host``: predicted ``seconds`` / ``host_seconds`` against the gated time / the
+      median host enqueue time.
+    * ``selector``: every batch, the pick of ``CopySelector(model 3, host_speed=the batch's)`` against
+      the fastest fixed point of the same batch in the same file; within 5 %.
+    * ``seed_burst`` and ``onboard_largest``: the pick's payload GB/s over its gated median.
+    """
+    from kvsim.calibration.plan_batch_fit import refit_probe
+    from kvsim.model.copy_select import CopySelector
+
+    if not isinstance(measurement, dict):
+        measurement = read_json(measurement)
+    base = _hardware(hardware_preset)
+    hw, speeds, report = refit_probe(base, measurement, ("fit",))
+    batches = {b["id"]: b for b in measurement["batches"]}
+    measured, bad_points = measured_points(measurement)
+    sels = {bid: CopySelector(hw, host_speed=speeds.get(bid, {})) for bid in batches}
+    rows: list[dict] = []
+    for bid, pts in measured.items():
+        b, sel = batches[bid], sels[bid]
+        d, shape, pages = b["direction"], b["pool_slot_bytes"], int(b["pages"])
+        for key, m in pts.items():
+            if key == SELECT:
+                continue
+            path, _, c = key.partition(":")
+            est = sel.price(path, d, shape, pages, True, int(c) if c else None)
+            row = {"batch": bid, "role": role(b), "source": b["source"], "direction": d,
+                   "layout": b.get("layout", layout_name(shape)), "pages": pages, "order": b["order"],
+                   "point": key, "host_speed": speeds.get(bid, {}).get(path),
+                   "predicted_total_ms": est.end_to_end_seconds * 1e3,
+                   "predicted_device_ms": est.seconds * 1e3, "predicted_host_ms": est.host_seconds * 1e3}
+            for t, pred in (("issue", est.end_to_end_seconds), ("gated", est.seconds),
+                            ("host", est.host_seconds)):
+                if t in m and m[t] > 0:
+                    row[f"measured_{t}_ms"] = m[t] * 1e3
+                    row[f"error_{t}_pct"] = (pred - m[t]) / m[t] * 100
+            rows.append(row)
+
+    def apes(metric: str, keep: Any) -> list[float]:
+        return [abs(r[f"error_{metric}_pct"]) for r in rows
+                if r.get(f"error_{metric}_pct") is not None and keep(r)]
+
+    out: dict[str, Any] = {"protocol": "PROTOCOL-3.md", "hardware": base.name, "targets": TARGETS,
+                           "split": FIT_RULE, "fit": report,
+                           "measurement": {k: measurement.get(k) for k in ("schema", "command", "mode")},
+                           "left_out_points": bad_points, "batches_without_probe":
+                               sorted(set(batches) - set(speeds))}
+    for metric, name in (("issue", "model"), ("gated", "device"), ("host", "host")):
+        out[name] = {w: _stats(apes(metric, lambda r, w=w: r["role"] == w)) for w in ("judge", "fit")}
+    out["model"]["judge_by"] = {
+        f"{path} {size}": _stats(apes("issue", lambda r, path=path, small=small: r["role"] == "judge"
+                                      and r["point"].split(":")[0] == path
+                                      and (r["pages"] <= 256) == small))
+        for path in ("ce-page", "ce-batch", "kernel") for size, small in (("<=256", True), (">256", False))}
+    sel_rows = []
+    for bid, b in batches.items():
+        fixed = {k: m["issue"] for k, m in measured.get(bid, {}).items() if k != SELECT and "issue" in m}
+        choice = sels[bid].choose(b["direction"], b["pool_slot_bytes"], int(b["pages"]))
+        pick = _point_key(choice.path, choice.estimate.ctas if choice.path == "kernel" else None)
+        row = {"batch": bid, "role": role(b), "pages": int(b["pages"]), "pick": pick}
+        if fixed and pick in fixed:
+            best = min(fixed, key=fixed.get)
+            row.update(best=best, best_ms=fixed[best] * 1e3, pick_ms=fixed[pick] * 1e3,
+                       pick_over_best_pct=(fixed[pick] / fixed[best] - 1) * 100)
+            row["ok"] = row["pick_over_best_pct"] <= TARGETS["selector_within_pct"]
+        else:
+            row["ok"] = None
+        sel_rows.append(row)
+    judged = [r for r in sel_rows if r["ok"] is not None]
+    out["selector"] = {"batches": len(sel_rows), "judged": len(judged),
+                       "within": sum(bool(r["ok"]) for r in judged),
+                       "not_measured": [r["batch"] for r in sel_rows if r["ok"] is None],
+                       "worst_pick_over_best_pct": max((r["pick_over_best_pct"] for r in judged),
+                                                       default=None),
+                       "failures": [r for r in judged if not r["ok"]], "rows": sel_rows}
+    picks = {r["batch"]: r["pick"] for r in sel_rows}
+
+    def gbps(bid: str, key: str, timing: str = "gated") -> float | None:
+        m = measured.get(bid, {}).get(key, {})
+        return batches[bid]["bytes"] / m[timing] / 1e9 if m.get(timing) else None
+
+    direction, shape, pages = SEED_BURST
+    seed = [bid for bid, b in batches.items() if b["source"] == "seed_burst"]
+    onboard = [b for b in batches.values() if b["source"] == "scenario" and b["direction"] == "onboard"
+               and tuple(b["pool_slot_bytes"]) == shape]
+    figs = {}
+    largest = max(onboard, key=lambda b: int(b["pages"]))["id"] if onboard else None
+    for name, bid in (("seed_burst", seed[0] if seed else None), ("onboard_largest", largest)):
+        if bid is None:
+            continue
+        figs[name] = {"batch": bid, "pick": picks[bid], "pick_gated_gbps": gbps(bid, picks[bid]),
+                      "pick_issue_gbps": gbps(bid, picks[bid], "issue"),
+                      "gated_gbps_by_point": {k: gbps(bid, k) for k in sorted(measured.get(bid, {}))
+                                              if gbps(bid, k) is not None}}
+    out.update(figs)
+    mj = out["model"]["judge"]
+    minimum = TARGETS["seed_burst_min_gbps"]
+    out["verdict"] = {
+        "model_median": mj["median_ape_pct"] <= TARGETS["model_median_ape_pct"] if mj["count"] else None,
+        "model_p90": mj["p90_ape_pct"] <= TARGETS["model_p90_ape_pct"] if mj["count"] else None,
+        "selector": (out["selector"]["within"] == len(sel_rows)) if judged else None,
+        "seed_burst_offload": (figs["seed_burst"]["pick_gated_gbps"] >= minimum)
+        if figs.get("seed_burst", {}).get("pick_gated_gbps") is not None else None,
+        "onboard": (figs["onboard_largest"]["pick_gated_gbps"] >= minimum)
+        if figs.get("onboard_largest", {}).get("pick_gated_gbps") is not None else None,
+    }
+    out["rows"] = rows
+    return out
+
+
+def print_judgement3(j: dict) -> None:
+    for name in ("model", "device", "host"):
+        for w in ("judge", "fit"):
+            s = j[name][w]
+            if s["count"]:
+                print(f"{name:<6} {w:<5} {s['count']:5d} points: median APE {s['median_ape_pct']:6.2f} %, "
+                      f"p90 {s['p90_ape_pct']:7.2f} %, worst {s['worst_ape_pct']:8.2f} %")
+    for k, s in j["model"]["judge_by"].items():
+        if s["count"]:
+            print(f"  judged {k:<16} {s['count']:5d} points: median {s['median_ape_pct']:6.2f} %, "
+                  f"p90 {s['p90_ape_pct']:7.2f} %")
+    s = j["selector"]
+    print(f"selector: {s['within']} of {s['batches']} batches within "
+          f"{j['targets']['selector_within_pct']} % of the best point of the same file (worst "
+          f"{s['worst_pick_over_best_pct']}); not measured: {len(s['not_measured'])}")
+    for name in ("seed_burst", "onboard_largest"):
+        f = j.get(name)
+        if f:
+            print(f"{name} {f['batch']}: pick {f['pick']} gated {f['pick_gated_gbps']} GB/s, "
+                  f"end to end {f['pick_issue_gbps']} GB/s")
+    print(f"host probe reference (ms): {j['fit']['host_probe']['reference_ms']}")
+    print(f"PROTOCOL-3 verdict: {j['verdict']}")
+
+
 def print_judgement(j: dict) -> None:
     t = j["targets"]
     for name, what in (("model", "end to end (issue) vs predicted end to end"),
@@ -708,6 +849,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("measurement")
     p.add_argument("--hardware", default="h200-sxm")
     p.add_argument("--out", default=None, help="write the judgement (with every row) here")
+    p = sub.add_parser("judge3", help="PROTOCOL-3.md: fit on the file's fit-role batches with its "
+                                       "host probes, judge its other batches")
+    p.add_argument("measurement")
+    p.add_argument("--hardware", default="h200-sxm")
+    p.add_argument("--out", default=None, help="write the judgement (with every row) here")
     p = sub.add_parser("judge-select", help="judge a --select-only re-measurement against a full run")
     p.add_argument("measurement")
     p.add_argument("--against", required=True, help="the full run of the same batch list")
@@ -726,7 +872,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{b['id']:<48} {b['role']:<6} {b['bytes'] / 2**20:10.2f} MiB")
             print(f"{len(doc['batches'])} batches; {FIT_RULE}")
         return 0
-    if args.cmd == "judge-select":
+    if args.cmd == "judge3":
+        j = judge3(args.measurement, args.hardware)
+        print_judgement3(j)
+    elif args.cmd == "judge-select":
         j = judge_select(args.measurement, args.against, args.hardware)
         print(f"select within {j['target_pct']} % of the full run's best point: {j['within']} of "
               f"{j['judged']} batches (median select/best - 1: {j['median_select_over_best_pct']:.1f} %; "

@@ -110,7 +110,8 @@ class KernelSpec:
     One CTA with ``b`` bytes in flight moves ``lambda(b) = b / (latency + b / per_cta_max)``
     (a round trip of ``latency`` per window of ``b`` bytes, and at most ``per_cta_max`` however
     deep the window; None = no such limit). N CTAs approach the plateau ``Xmax`` as
-    ``min(N*lambda, Xmax)`` (``knee_p`` None) or ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)``.
+    ``min(N*lambda, Xmax)`` (``knee_p`` None) or ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)``
+    (``knee_form`` "exp") or ``N*lambda / (1 + (N*lambda/Xmax)**p)**(1/p)`` ("hyperbolic").
     """
 
     sm_count: IntRange(1, 4096)
@@ -127,6 +128,12 @@ class KernelSpec:
     # Extra time per page in each CTA's window (the page's slot-index load before its chunks can
     # be addressed): lambda(b) = b / (latency + b / per_cta_max + (b / page_bytes) * this).
     page_latency_us: PerDirection
+    # How N CTAs' demand D = N*lambda approaches the plateau when knee_p is set: "exp",
+    # Xmax * (1 - exp(-(D/Xmax)**p))**(1/p); or "hyperbolic", D / (1 + (D/Xmax)**p)**(1/p), whose
+    # approach is slower (on the H200, 8 CTAs of 8 KiB pages reach 95-99 % of the plateau, not
+    # 99.9 %: reports/validation-h200/plan-batches/README.md, section 5). Presets without the
+    # key: "exp".
+    knee_form: OneOf("exp", "hyperbolic") = "exp"
 
 
 @schema

@@ -18,11 +18,13 @@ bidirectional factor when the other direction is busy):
   has taken ``batch_lead_descriptors`` descriptors (:func:`batch_lead`; 0: after the whole call).
 * ``kernel``   -- the LDGSTS kernel on N CTAs with b bytes in flight each: Little's law per CTA,
   ``lambda = b / (latency + b / per_cta_max)``; ``X(N) = min(N*lambda, Xmax)`` (hard clamp) or
-  ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)`` (soft knee); times the tiling efficiency of
-  the page size, times ``unaligned_efficiency`` for the alignment-agnostic kernel, times the
-  kernel's ``bidirectional_factor`` while the other direction runs too; ``t = B / min(X, link)``;
-  host: ``launch_host_us``. N defaults to KVCM2's grid policy (``grid_ctas``), b to the preset's
-  default depth. With small pages each CTA window also waits ``page_latency`` per page it spans:
+  ``Xmax * (1 - exp(-(N*lambda/Xmax)**p))**(1/p)`` (soft knee, ``kernel.knee_form`` "exp") or
+  ``N*lambda / (1 + (N*lambda/Xmax)**p)**(1/p)`` ("hyperbolic", a slower approach); times the
+  tiling efficiency of the page size, times ``unaligned_efficiency`` for the alignment-agnostic
+  kernel, times the kernel's ``bidirectional_factor`` while the other direction runs too;
+  ``t = B / min(X, link)``; host: ``launch_host_us``. N defaults to KVCM2's grid policy
+  (``grid_ctas``), b to the preset's default depth. With small pages each CTA window also waits
+  ``page_latency`` per page it spans:
   ``lambda = b / (latency + b / per_cta_max + (b / page_bytes) * page_latency)``.
 
 A request ``via_copier`` is one submitted by this project's hardware copier
@@ -37,17 +39,37 @@ End to end (submission start to last byte, what a caller that submits and waits 
 device starts ``lead_seconds`` into the submission (:func:`lead_seconds`): ``ce-batch`` once its
 call is done (or its first ``batch_lead_descriptors`` descriptors), ``ce-page`` after its first
 call (as above), the copier's kernel after its launch.
+
+**Host speed.** Every host-time figure above was timed on one host on one day; the host's speed
+moves (on the H200 VM by up to 1.65x between runs and in spells of seconds within one:
+reports/validation-h200/plan-batches/README.md, section 4). :func:`with_host_speed` returns the
+spec with each path's host figures (:data:`HOST_TERMS`) multiplied by a factor: one number for
+every path, or one per path (the paths' host work moved by different factors between the H200
+runs). 1.0 is the host the figures were fitted on. The factor is a measurement of the run, not a
+fitted constant: ``hw.bench_plan_batches`` takes a short host probe per path before every pass
+over a batch's points and the judge divides it by the fit run's probe
+(:mod:`kvsim.calibration.plan_batch_fit`, PROTOCOL-3.md).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
-from kvsim.hardware.spec import DIRECTIONS, HardwareSpec
+from kvsim.hardware.spec import DIRECTIONS, HardwareSpec, PerDirection
 
 PATHS = ("ce-page", "ce-batch", "kernel")
 GB = 1e9
+# The host-time figures of each path (section, field): what with_host_speed scales.
+HOST_TERMS: dict[str, tuple[tuple[str, str], ...]] = {
+    "ce-page": (("copy_engine", "per_call_host_us"), ("copier", "submit_copy_engine_host_us")),
+    "ce-batch": (("copy_engine", "batch_call_host_us"), ("copy_engine", "batch_descriptor_host_us"),
+                 ("copy_engine", "batch_small_copy_host_us_per_kib")),
+    "kernel": (("kernel", "launch_host_us"), ("copier", "submit_batch_host_us"),
+               ("copier", "submit_page_host_us"), ("copier", "submit_after_launch_host_us")),
+}
 
 
 @dataclass(frozen=True)
@@ -103,6 +125,44 @@ class CopyEstimate:
         return asdict(self)
 
 
+def host_speeds(speed: float | Mapping[str, float]) -> dict[str, float]:
+    """``{path: factor}`` of a host speed: one number for every path, or a mapping naming some
+    of :data:`PATHS` (the others 1.0). Each factor must be a finite number > 0."""
+    if isinstance(speed, Mapping):
+        unknown = [p for p in speed if p not in PATHS]
+        if unknown:
+            raise ValueError(f"host_speed: unknown paths {unknown}; paths are {', '.join(PATHS)}")
+        out = {p: speed.get(p, 1.0) for p in PATHS}
+    else:
+        out = {p: speed for p in PATHS}
+    for p, f in out.items():
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f <= 0:
+            raise ValueError(f"host_speed of {p} must be a finite number > 0, got {f!r}")
+    return {p: float(f) for p, f in out.items()}
+
+
+def with_host_speed(hw: HardwareSpec, speed: float | Mapping[str, float]) -> HardwareSpec:
+    """``hw`` with each path's host figures (:data:`HOST_TERMS`) multiplied by its factor of
+    ``speed`` (:func:`host_speeds`): 2.0 = a host that takes twice as long to submit as the one
+    the figures were fitted on. Device figures are untouched. ``hw`` itself when every factor is
+    1.0."""
+    factors = host_speeds(speed)
+    if all(f == 1.0 for f in factors.values()):
+        return hw
+    parts: dict[str, Any] = {}
+    for path, terms in HOST_TERMS.items():
+        f = factors[path]
+        for section, field in terms:
+            part = parts.get(section, getattr(hw, section))
+            v = getattr(part, field)
+            if isinstance(v, PerDirection):
+                v = PerDirection(offload=v.offload * f, onboard=v.onboard * f)
+            else:
+                v = v * f
+            parts[section] = replace(part, **{field: v})
+    return replace(hw, **parts)
+
+
 def grid_ctas(hw: HardwareSpec, direction: str) -> int:
     """KVCM2's CTA count: ``2 * round(mult * cap / kPerCtaGBs / 2)``, clamped to [2, SMs].
 
@@ -145,6 +205,8 @@ def kernel_rate_gbps(hw: HardwareSpec, direction: str, ctas: int,
     p = hw.kernel.knee_p[direction]
     if p is None:
         return min(demand, xmax)
+    if hw.kernel.knee_form == "hyperbolic":
+        return demand / (1.0 + (demand / xmax) ** p) ** (1.0 / p)
     return xmax * (1.0 - math.exp(-((demand / xmax) ** p))) ** (1.0 / p)
 
 

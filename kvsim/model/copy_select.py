@@ -23,6 +23,12 @@ only breaks near-ties: a CTA count wins over a smaller one only if it saves more
 share of the GPU's time, so the selector stops at the kernel's knee rather than taking every SM
 for a fraction of a percent.
 
+``host_speed`` is the second knob: the host's speed in this run relative to the host the
+preset's host figures were fitted on (:func:`kvsim.model.copy_paths.with_host_speed`; one number,
+or one per path; default 1.0). A faster host (factor below 1) uncovers device time that a slower
+one hides behind the submission, so the pick can change with it: a 1-4 CTA kernel that ties with
+8-132 CTAs behind a slow submission is behind them on a fast one.
+
 Intra-level batches are outside the link model: on the GPU level the kernel is chosen and priced at
 ``device_copy_gbps``; on the host level ``ce-batch`` is chosen and priced at the link's
 bidirectional rate (the data crosses the link twice). Both say so in the log.
@@ -34,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvsim.hardware.spec import HardwareSpec
@@ -47,6 +53,7 @@ from kvsim.model.copy_paths import (
     batch_lead,
     estimate,
     overlap_of,
+    with_host_speed,
 )
 
 log = logging.getLogger("kvsim.hw")
@@ -94,10 +101,12 @@ class CopySelector:
 
     def __init__(self, hw: HardwareSpec, paths: Sequence[str] = PATHS,
                  bidirectional: bool = False,
-                 objective: str = "total", sm_weight: float = DEFAULT_SM_WEIGHT) -> None:
+                 objective: str = "total", sm_weight: float = DEFAULT_SM_WEIGHT,
+                 host_speed: float | Mapping[str, float] = 1.0) -> None:
         """``objective``: "total" minimises the end-to-end time (what a caller that submits and
         waits sees); "device" minimises device time alone (link throughput). ``sm_weight``: the
-        price of SMs taken from compute (module doc)."""
+        price of SMs taken from compute; ``host_speed``: this run's host speed factor, one
+        number or one per path (module doc). ``self.hw`` is ``hw`` with the factor applied."""
         if objective not in ("total", "device"):
             raise ValueError(f"objective must be 'total' or 'device', got {objective!r}")
         if isinstance(sm_weight, bool) or not isinstance(sm_weight, (int, float)) \
@@ -107,7 +116,8 @@ class CopySelector:
         unknown = [p for p in paths if p not in PATHS]
         if unknown or not paths:
             raise ValueError(f"paths must be a non-empty subset of {', '.join(PATHS)}, got {list(paths)}")
-        self.hw = hw
+        self.hw = with_host_speed(hw, host_speed)
+        self.host_speed = host_speed
         self.paths = tuple(paths)
         self.bidirectional = bool(bidirectional)
         self.sm_weight = float(sm_weight)

@@ -428,6 +428,15 @@ class PlanBench(Bench):
         probe"); record and return the median host enqueue ms per path."""
         if self._probe is False:
             return None
+        try:
+            return self._host_probe(batch_id, where)
+        except Exception as exc:  # the probe must not cost the measurement: stop probing
+            self.problems.append(f"host probe at {batch_id} {where} failed ({type(exc).__name__}: "
+                                 f"{exc}); no more probes in this run")
+            self._probe = False
+            return None
+
+    def _host_probe(self, batch_id: str, where: str) -> dict:
         from hw.executor_copies import PlanCopier
         from hw.pools import HostDevicePools
         from kvsim.manager.plan import CopyBatch

@@ -16,6 +16,8 @@ DIRECTIONS = ("offload", "onboard")
 
 def max_min_share(capacity: float, caps: list[float]) -> list[float]:
     """Max-min fair rates for transfers with individual caps sharing ``capacity``."""
+    if len(caps) == 1:  # the usual case (one stream): the loop below gives exactly this
+        return [min(caps[0], capacity)]
     rates = [0.0] * len(caps)
     order = sorted(range(len(caps)), key=lambda i: caps[i])
     left, n = capacity, len(caps)
@@ -30,11 +32,14 @@ def link_rates(solo_bps: Mapping[str, float], bidirectional_factor: float,
                transfers: Sequence[tuple[str, float, float]]) -> list[float]:
     """The rate (bytes/s) of each transfer ``(direction, cap, cap while both directions are
     busy)`` active on the link at once, in the order given."""
-    busy = {d: any(t[0] == d for t in transfers) for d in DIRECTIONS}
-    both = all(busy.values())
+    groups: dict[str, list[int]] = {d: [] for d in DIRECTIONS}
+    for i, t in enumerate(transfers):
+        group = groups.get(t[0])
+        if group is not None:
+            group.append(i)
+    both = all(groups.values())
     rates = [0.0] * len(transfers)
-    for d in DIRECTIONS:
-        group = [i for i, t in enumerate(transfers) if t[0] == d]
+    for d, group in groups.items():
         if not group:
             continue
         capacity = solo_bps[d] * (bidirectional_factor if both else 1.0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 from dataclasses import dataclass
-from operator import attrgetter, itemgetter
+from operator import attrgetter
 
 import numpy as np
 
@@ -52,11 +52,12 @@ def _first_missing(layout: StorageLayout, blocks: list[Node], n: int) -> int | N
     """The first block a life cycle loads at ``n`` tokens that has no page, or None."""
     tpb = layout.tokens_per_block
     first: int | None = None
+    # every life cycle's column of pages, transposed in one pass (zip in C)
+    columns = list(zip(*map(_PAGES, blocks)))
     for lc in layout.life_cycles:
         begin, end = lc.stale_range(n, tpb)
-        i = lc.index
-        column = list(map(itemgetter(i), map(_PAGES, blocks)))
-        # the blocks loaded at n: [0, begin) and [end, len): list.index searches each in C
+        column = columns[lc.index]
+        # the blocks loaded at n: [0, begin) and [end, len): tuple.index searches each in C
         for lo, hi in ((0, begin), (end, len(blocks))):
             try:
                 b = column.index(NO_PAGE, lo, hi)

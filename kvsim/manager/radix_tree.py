@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Hashable
+from functools import partial
+from itertools import takewhile
+from operator import is_not
 from typing import NamedTuple
 
 import numpy as np
@@ -135,13 +138,14 @@ class RadixTree:
         by_key = root.nodes_by_key
         # Look the known keys up in one go; hash the rest only if every one of them was found
         # (a walk that gets past them needs the rest).
-        nodes: list[Node] = list(map(by_key.get, keys))
-        if None not in nodes and len(keys) < n_full:
+        # (Looked up until the first miss: takewhile over the lookups, all in C.)
+        found = partial(is_not, None)
+        nodes: list[Node] = list(takewhile(found, map(by_key.get, keys)))
+        if len(nodes) == len(keys) and len(keys) < n_full:
             keys = self.chains.extend(full_raw, keys, n_full)
-            nodes += map(by_key.get, keys[len(nodes):])
-        if None in nodes:
-            hit = nodes.index(None)
-            return nodes[:hit], hit + 1, True
+            nodes += takewhile(found, map(by_key.get, keys[len(nodes):]))
+        if len(nodes) < len(keys):
+            return nodes, len(nodes) + 1, True
         if len(raw) > len(full_raw):
             key = hashlib.sha256((keys[-1] if n_full else b"") + raw[len(full_raw):]).digest()
             node = by_key.get(key)

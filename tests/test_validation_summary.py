@@ -76,3 +76,18 @@ def test_a_replication_adds_its_probe_figures_beside_the_main_call():
     assert out["probe_replication_from"] == "call-f/h200_probe_during_resize.json"
     with pytest.raises(SystemExit, match="field 'probe' is empty"):
         tool.build(V / "h200_burst_resize.json", main, V, replication=V / "h200_burst_resize.json")
+
+
+def test_plan_batches_carry_the_protocol3_judgement():
+    """PROTOCOL-3's held-out figures, picks and verdicts come from its judge summary."""
+    out = _tool().plan_batches(V)
+    j = json.loads((V / "plan-batches" / "2026-12-04-judge-3-summary.json").read_text())
+    p3 = out["protocol3"]
+    assert p3["model_judge_median_ape_pct"] == j["model"]["judge"]["median_ape_pct"]
+    assert p3["model_judge_p90_ape_pct"] == j["model"]["judge"]["p90_ape_pct"]
+    assert p3["selector_within_same_file"] == f"{j['selector']['within']}/{j['selector']['batches']}"
+    assert p3["seed_burst_offload"]["path"] == j["seed_burst"]["pick"]
+    assert p3["seed_burst_offload"]["device_gbps"] == j["seed_burst"]["pick_gated_gbps"]
+    assert p3["onboard_largest"]["device_gbps"] == j["onboard_largest"]["pick_gated_gbps"]
+    assert p3["verdict"] == j["verdict"]
+    assert p3["from"].endswith("2026-12-04-judge-3-summary.json")

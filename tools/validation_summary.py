@@ -33,6 +33,7 @@ PLAN_REFIT = PLAN / "2026-12-04-refit-judge-summary.json"
 PLAN_SELECT = PLAN / "2026-12-04-select-judge.json.xz"
 PLAN_FULL = PLAN / "2026-12-03-plan-batches.json.xz"
 PLAN_JUDGE2 = PLAN / "2026-12-04-judge-2-summary.json"  # PROTOCOL-2.md's held-out judge
+PLAN_JUDGE3 = PLAN / "2026-12-04-judge-3-summary.json"  # PROTOCOL-3.md's judge (fit and judge in one run)
 CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
 # the latest pre-registered concurrency call (PROTOCOL-3); the first call's tally is kept beside it
 CONCURRENCY_3 = Path("concurrency") / "judge-3" / "concurrency-judge.json"
@@ -187,6 +188,30 @@ def plan_batches(root: Path) -> dict:
             "device_gbps_by_path": j["gated_gbps_by_path"],
             "verdict": j["verdict_protocol2"],
             "from": str(V / PLAN_JUDGE2)}
+    if (root / PLAN_JUDGE3).exists():
+        j = json.loads((root / PLAN_JUDGE3).read_text())
+        out["protocol3"] = {
+            "model_judge_median_ape_pct": j["model"]["judge"]["median_ape_pct"],
+            "model_judge_p90_ape_pct": j["model"]["judge"]["p90_ape_pct"],
+            "model_judge_points": j["model"]["judge"]["count"],
+            "model_fit_median_ape_pct": j["model"]["fit"]["median_ape_pct"],
+            "model_fit_p90_ape_pct": j["model"]["fit"]["p90_ape_pct"],
+            "device_judge_median_ape_pct": j["device"]["judge"]["median_ape_pct"],
+            "device_judge_p90_ape_pct": j["device"]["judge"]["p90_ape_pct"],
+            "host_judge_median_ape_pct": j["host"]["judge"]["median_ape_pct"],
+            "selector_within_same_file": f"{j['selector']['within']}/{j['selector']['batches']}",
+            "seed_burst_offload": {"batch": j["seed_burst"]["batch"], "path": j["seed_burst"]["pick"],
+                                   "device_gbps": j["seed_burst"]["pick_gated_gbps"],
+                                   "end_to_end_gbps": j["seed_burst"]["pick_issue_gbps"]},
+            "onboard_largest": {"batch": j["onboard_largest"]["batch"],
+                                "path": j["onboard_largest"]["pick"],
+                                "device_gbps": j["onboard_largest"]["pick_gated_gbps"],
+                                "end_to_end_gbps": j["onboard_largest"]["pick_issue_gbps"]},
+            "device_gbps_by_path": {j[k]["batch"]: j[k]["gated_gbps_by_point"]
+                                    for k in ("seed_burst", "onboard_largest")},
+            "host_probe_reference_ms": j["fit"]["host_probe"]["reference_ms"],
+            "verdict": j["verdict"],
+            "from": str(V / PLAN_JUDGE3)}
     return out
 
 

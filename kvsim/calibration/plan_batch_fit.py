@@ -133,25 +133,9 @@ def _e2e(hw: HardwareSpec, p: Point) -> float:
 
 def _robust_fit(hw: HardwareSpec, points: list[Point], names: list[tuple[str, str]], direction: str,
                 bounds: list[tuple[float, float]]) -> HardwareSpec:
-    from scipy.optimize import least_squares
-
-    def spec(x: np.ndarray) -> HardwareSpec:
-        out = hw
-        for (section, field), v in zip(names, x):
-            out = _set(out, section, field, float(v), direction)
-        return out
-
-    meas = np.array([p.issue_s for p in points])
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        s = spec(x)
-        return np.log(np.array([_e2e(s, p) for p in points]) / meas)
-
-    lo = np.array([b[0] for b in bounds])
-    hi = np.array([b[1] for b in bounds])
-    x0 = np.clip(np.array([float(getattr(getattr(hw, s), f)[direction] or 0.0) for s, f in names]), lo, hi)
-    res = least_squares(residuals, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.05)
-    return spec(res.x)
+    """The figures ``names`` of ``direction`` that fit the points' end-to-end times best
+    (robust least squares of log error, soft-L1 at 5 % scale)."""
+    return _robust_fit_to(hw, points, names, direction, bounds, _e2e, lambda p: p.issue_s)
 
 
 def robust_linear(rows: list[list[float]], y: list[float],
@@ -175,6 +159,34 @@ def robust_linear(rows: list[list[float]], y: list[float],
     return res.x * scale
 
 
+def _fit_copy_engine_host(hw: HardwareSpec, pts: list[Point], speed
+                          ) -> tuple[HardwareSpec, list[Point]]:
+    """The copy engines' host figures, by :func:`robust_linear` on the points' host times
+    divided by ``speed(point)`` (the host speed the point ran at; 1.0 for the fit host): the
+    per-page calls (pages < 64 KiB), then ``cudaMemcpyBatchAsync``. Returns the spec and the
+    batched points."""
+    page = [p for p in pts if p.path == "ce-page" and p.host_s
+            and max(p.pool_slot_bytes) < SMALL_COPY_MAX_BYTES]
+    x = robust_linear([[1.0, float(p.copies)] for p in page],
+                      [p.host_s * 1e6 / speed(p) for p in page])
+    hw = _set(hw, "copy_engine", "per_call_host_us", float(x[1]))
+    hw = replace(hw, copier=replace(hw.copier, submit_copy_engine_host_us=float(x[0])))
+    batch = [p for p in pts if p.path == "ce-batch" and p.host_s]
+    rows = []
+    for p in batch:
+        off = p.direction == "offload"
+        small_kib = sum(p.pages * sb / 1024 for sb in p.pool_slot_bytes if sb < SMALL_COPY_MAX_BYTES)
+        rows.append([1.0, p.copies if off else 0.0, 0.0 if off else p.copies,
+                     small_kib if off else 0.0, 0.0 if off else small_kib])
+    x = robust_linear(rows, [p.host_s * 1e6 / speed(p) for p in batch])
+    hw = replace(hw, copy_engine=replace(
+        hw.copy_engine, batch_call_host_us=float(x[0]),
+        batch_descriptor_host_us=PerDirection(offload=float(x[1]), onboard=float(x[2])),
+        batch_small_copy_host_us_per_kib=PerDirection(offload=float(x[3]), onboard=float(x[4])),
+        batch_small_copy_max_bytes=SMALL_COPY_MAX_BYTES))
+    return hw, batch
+
+
 def refit(hw: HardwareSpec, measurement: dict,
           roles: tuple[str, ...] | None = ("fit",)) -> tuple[HardwareSpec, dict]:
     """``(refitted spec, report)``: the report holds each fitted figure and the fit points'
@@ -185,27 +197,8 @@ def refit(hw: HardwareSpec, measurement: dict,
         raise ValueError(f"the measurement holds no points of roles {roles}")
     report: dict = {"points": len(pts), "roles": list(roles) if roles else "all", "rules": FIT_RULES}
 
-    # Host: per-page calls (pages < 64 KiB)
-    page = [p for p in pts if p.path == "ce-page" and p.host_s
-            and max(p.pool_slot_bytes) < SMALL_COPY_MAX_BYTES]
-    x = robust_linear([[1.0, float(p.copies)] for p in page], [p.host_s * 1e6 for p in page])
-    hw = _set(hw, "copy_engine", "per_call_host_us", float(x[1]))
-    hw = replace(hw, copier=replace(hw.copier, submit_copy_engine_host_us=float(x[0])))
-
-    # Host: cudaMemcpyBatchAsync
-    batch = [p for p in pts if p.path == "ce-batch" and p.host_s]
-    rows = []
-    for p in batch:
-        off = p.direction == "offload"
-        small_kib = sum(p.pages * sb / 1024 for sb in p.pool_slot_bytes if sb < SMALL_COPY_MAX_BYTES)
-        rows.append([1.0, p.copies if off else 0.0, 0.0 if off else p.copies,
-                     small_kib if off else 0.0, 0.0 if off else small_kib])
-    x = robust_linear(rows, [p.host_s * 1e6 for p in batch])
-    hw = replace(hw, copy_engine=replace(
-        hw.copy_engine, batch_call_host_us=float(x[0]),
-        batch_descriptor_host_us=PerDirection(offload=float(x[1]), onboard=float(x[2])),
-        batch_small_copy_host_us_per_kib=PerDirection(offload=float(x[3]), onboard=float(x[4])),
-        batch_small_copy_max_bytes=SMALL_COPY_MAX_BYTES))
+    # Host: per-page calls (pages < 64 KiB), then cudaMemcpyBatchAsync
+    hw, batch = _fit_copy_engine_host(hw, pts, lambda p: 1.0)
 
     # Host: the copier's kernel submission
     kern = [p for p in pts if p.path == "kernel" and p.host_s]
@@ -373,24 +366,7 @@ def refit_probe(hw: HardwareSpec, measurement: dict, roles: tuple[str, ...] = ("
         return speeds.get(p.batch, {}).get(p.path, 1.0)
 
     # host figures, on host times brought to the reference host
-    page = [p for p in pts if p.path == "ce-page" and p.host_s
-            and max(p.pool_slot_bytes) < SMALL_COPY_MAX_BYTES]
-    x = robust_linear([[1.0, float(p.copies)] for p in page], [p.host_s * 1e6 / sp(p) for p in page])
-    hw = _set(hw, "copy_engine", "per_call_host_us", float(x[1]))
-    hw = replace(hw, copier=replace(hw.copier, submit_copy_engine_host_us=float(x[0])))
-    batch = [p for p in pts if p.path == "ce-batch" and p.host_s]
-    rows = []
-    for p in batch:
-        off = p.direction == "offload"
-        small_kib = sum(p.pages * sb / 1024 for sb in p.pool_slot_bytes if sb < SMALL_COPY_MAX_BYTES)
-        rows.append([1.0, p.copies if off else 0.0, 0.0 if off else p.copies,
-                     small_kib if off else 0.0, 0.0 if off else small_kib])
-    x = robust_linear(rows, [p.host_s * 1e6 / sp(p) for p in batch])
-    hw = replace(hw, copy_engine=replace(
-        hw.copy_engine, batch_call_host_us=float(x[0]),
-        batch_descriptor_host_us=PerDirection(offload=float(x[1]), onboard=float(x[2])),
-        batch_small_copy_host_us_per_kib=PerDirection(offload=float(x[3]), onboard=float(x[4])),
-        batch_small_copy_max_bytes=SMALL_COPY_MAX_BYTES))
+    hw, batch = _fit_copy_engine_host(hw, pts, sp)
     kern = [p for p in pts if p.path == "kernel" and p.host_s]
     x = robust_linear([[1.0, float(p.pages), float(len(p.pool_slot_bytes))] for p in kern],
                       [p.host_s * 1e6 / sp(p) for p in kern])

@@ -428,6 +428,17 @@ def measured_points(measurement: dict) -> tuple[dict[str, dict[str, dict[str, fl
     return measured, bad_points
 
 
+def _selector_summary(sel_rows: list[dict]) -> dict:
+    """The selector target's figures over the per-batch rows (``ok`` None: not judged)."""
+    judged = [r for r in sel_rows if r["ok"] is not None]
+    return {"batches": len(sel_rows), "judged": len(judged),
+            "within": sum(bool(r["ok"]) for r in judged),
+            "not_measured": [r["batch"] for r in sel_rows if r["ok"] is None],
+            "worst_pick_over_best_pct": max((r["pick_over_best_pct"] for r in judged),
+                                            default=None),
+            "failures": [r for r in judged if not r["ok"]], "rows": sel_rows}
+
+
 def judge(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") -> dict:
     """The model's predictions for every measured (batch, path, CTAs) against the measurement.
 
@@ -525,13 +536,7 @@ def judge(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") -> 
         else:
             row["ok"] = None
         sel_rows.append(row)
-    judged = [r for r in sel_rows if r["ok"] is not None]
-    out["selector"] = {"batches": len(sel_rows), "judged": len(judged),
-                       "within": sum(bool(r["ok"]) for r in judged),
-                       "not_measured": [r["batch"] for r in sel_rows if r["ok"] is None],
-                       "worst_pick_over_best_pct": max((r["pick_over_best_pct"] for r in judged),
-                                                       default=None),
-                       "failures": [r for r in judged if not r["ok"]], "rows": sel_rows}
+    out["selector"] = _selector_summary(sel_rows)
     # the seed burst
     direction, shape, pages = SEED_BURST
     burst = {}
@@ -583,7 +588,7 @@ def judge(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") -> 
         "model_median": (mj["median_ape_pct"] <= TARGETS["model_median_ape_pct"]) if mj["count"] else None,
         "model_p90": (mj["p90_ape_pct"] <= TARGETS["model_p90_ape_pct"]) if mj["count"] else None,
         "selector": (out["selector"]["within"] == out["selector"]["judged"]
-                     and not out["selector"]["not_measured"]) if judged else None,
+                     and not out["selector"]["not_measured"]) if out["selector"]["judged"] else None,
         "seed_burst": (target_burst[0]["pick_gated_gbps"] >= TARGETS["seed_burst_min_gbps"])
         if target_burst and target_burst[0]["pick_gated_gbps"] is not None else None,
     }
@@ -739,13 +744,7 @@ def judge3(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") ->
         else:
             row["ok"] = None
         sel_rows.append(row)
-    judged = [r for r in sel_rows if r["ok"] is not None]
-    out["selector"] = {"batches": len(sel_rows), "judged": len(judged),
-                       "within": sum(bool(r["ok"]) for r in judged),
-                       "not_measured": [r["batch"] for r in sel_rows if r["ok"] is None],
-                       "worst_pick_over_best_pct": max((r["pick_over_best_pct"] for r in judged),
-                                                       default=None),
-                       "failures": [r for r in judged if not r["ok"]], "rows": sel_rows}
+    out["selector"] = _selector_summary(sel_rows)
     picks = {r["batch"]: r["pick"] for r in sel_rows}
 
     def gbps(bid: str, key: str, timing: str = "gated") -> float | None:
@@ -771,7 +770,7 @@ def judge3(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") ->
     out["verdict"] = {
         "model_median": mj["median_ape_pct"] <= TARGETS["model_median_ape_pct"] if mj["count"] else None,
         "model_p90": mj["p90_ape_pct"] <= TARGETS["model_p90_ape_pct"] if mj["count"] else None,
-        "selector": (out["selector"]["within"] == len(sel_rows)) if judged else None,
+        "selector": (out["selector"]["within"] == len(sel_rows)) if out["selector"]["judged"] else None,
         "seed_burst_offload": (figs["seed_burst"]["pick_gated_gbps"] >= minimum)
         if figs.get("seed_burst", {}).get("pick_gated_gbps") is not None else None,
         "onboard": (figs["onboard_largest"]["pick_gated_gbps"] >= minimum)
@@ -781,13 +780,19 @@ def judge3(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") ->
     return out
 
 
-def print_judgement3(j: dict) -> None:
+def _print_errors(j: dict, what: dict[str, str] | None = None) -> None:
+    """The model's, the device time's and the host time's errors, judged and fit points."""
     for name in ("model", "device", "host"):
         for w in ("judge", "fit"):
             s = j[name][w]
             if s["count"]:
-                print(f"{name:<6} {w:<5} {s['count']:5d} points: median APE {s['median_ape_pct']:6.2f} %, "
-                      f"p90 {s['p90_ape_pct']:7.2f} %, worst {s['worst_ape_pct']:8.2f} %")
+                print(f"{name:<6} {w:<5} {s['count']:5d} points: median APE {s['median_ape_pct']:6.2f} %"
+                      f", p90 {s['p90_ape_pct']:7.2f} %, worst {s['worst_ape_pct']:8.2f} %"
+                      + (f"   ({what[name]})" if what else ""))
+
+
+def print_judgement3(j: dict) -> None:
+    _print_errors(j)
     for k, s in j["model"]["judge_by"].items():
         if s["count"]:
             print(f"  judged {k:<16} {s['count']:5d} points: median {s['median_ape_pct']:6.2f} %, "
@@ -807,14 +812,9 @@ def print_judgement3(j: dict) -> None:
 
 def print_judgement(j: dict) -> None:
     t = j["targets"]
-    for name, what in (("model", "end to end (issue) vs predicted end to end"),
-                       ("device", "device (gated) vs predicted seconds"),
-                       ("host", "host enqueue vs predicted host_seconds")):
-        for w in ("judge", "fit"):
-            s = j[name][w]
-            if s["count"]:
-                print(f"{name:<6} {w:<5} {s['count']:5d} points: median APE {s['median_ape_pct']:6.2f} %"
-                      f", p90 {s['p90_ape_pct']:7.2f} %, worst {s['worst_ape_pct']:8.2f} %   ({what})")
+    _print_errors(j, {"model": "end to end (issue) vs predicted end to end",
+                      "device": "device (gated) vs predicted seconds",
+                      "host": "host enqueue vs predicted host_seconds"})
     s = j["selector"]
     print(f"selector: {s['within']} of {s['judged']} batches within {t['selector_within_pct']} % of "
           f"the best measured point; worst {s['worst_pick_over_best_pct']}; not measured: "

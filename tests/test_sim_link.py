@@ -172,3 +172,45 @@ def test_a_copier_batch_after_an_idle_spell_waits_the_wake_up_time(toy):
     first, warm, woken = took
     assert warm < first and first - warm == pytest.approx(300e-6)
     assert woken == pytest.approx(first)
+
+
+def _sequence(toy, fast: bool):
+    """Back-to-back transfers of one queue (odd sizes and caps, both directions, a pause and a
+    fixed delay between some), each through Link.transfer, or all but the last through
+    Link.alone with the caller waiting: the clock and every statistic must come out the same."""
+    env = simpy.Environment()
+    link = Link.of_hardware(env, toy)
+    reqs = [(123_457, "offload", 7.3, 0.0), (9_999_991, "offload", 300.0, 1.7e-6),
+            (1, "onboard", 0.01, 0.0), (0, "onboard", 5.0, 0.0), (77_777_777, "onboard", 11.1, 3e-7),
+            (5_000_003, "offload", 25.0, 0.0)]
+    seen = []
+
+    def queue():
+        yield env.timeout(0.0123)
+        for i, (nbytes, direction, cap, fixed) in enumerate(reqs):
+            if fixed:
+                yield env.timeout(fixed)
+            if fast and i < len(reqs) - 1:
+                yield env.timeout(link.alone(nbytes, direction, cap, cap_both_gbps=cap / 2))
+            else:
+                yield link.transfer(nbytes, direction, cap, cap_both_gbps=cap / 2)
+            seen.append(env.now)
+
+    env.process(queue())
+    env.run()
+    s = link.stats
+    return seen, dict(s.bytes), dict(s.transfers), [tuple(vars(g).values()) for g in s.segments]
+
+
+def test_a_transfer_booked_alone_leaves_the_clock_and_the_statistics_as_transfer_does(toy):
+    slow, fast = _sequence(toy, False), _sequence(toy, True)
+    assert fast == slow  # exact floats: the same instants, bytes, counts and segments
+    assert len(slow[3]) == 5  # one segment per transfer that moved bytes
+
+
+def test_alone_refuses_a_busy_link(toy):
+    env = simpy.Environment()
+    link = Link.of_hardware(env, toy)
+    link.transfer(1_000_000, "offload", 10.0)
+    with pytest.raises(RuntimeError, match="busy"):
+        link.alone(1_000, "onboard", 10.0)

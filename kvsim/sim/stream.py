@@ -152,14 +152,22 @@ class CopyStream:
                 yield from self._disk_copy(batch, record)
             else:
                 idle = self.env.now - self._last_end
-                for req in self.requests_for(batch):
+                reqs = self.requests_for(batch)
+                tag = f"{record.thread}:{record.api}"
+                for i, req in enumerate(reqs):
                     work = self._work(req)
                     if req.via_copier and idle * 1e3 >= self.hw.copier.idle_after_ms:
                         yield self.env.timeout(self.hw.copier.idle_wake_us[req.direction] * 1e-6)
                     if work.fixed_seconds:
                         yield self.env.timeout(work.fixed_seconds)
-                    yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps,
-                                             tag=f"{record.thread}:{record.api}",
+                    if i < len(reqs) - 1 and self.disk is None:
+                        # Without a disk this queue is the link's only user, so a request that
+                        # another of the batch follows runs alone: Link.alone books it at once
+                        # (the select path's one request per pool: 64 for a 32-layer model).
+                        yield self.env.timeout(self.link.alone(
+                            work.num_bytes, batch.kind, work.cap_gbps, tag, work.cap_both_gbps))
+                        continue
+                    yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps, tag=tag,
                                              cap_both_gbps=work.cap_both_gbps)
             record.finished = self.env.now
             if queue is self._queue:  # the stream's idle time (the disk queue is not the stream)

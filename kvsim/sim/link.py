@@ -68,29 +68,32 @@ class Link:
         self._reschedule()
         return done
 
-    def alone(self, num_bytes: int, direction: str, cap_gbps: float, tag: str = "",
-              cap_both_gbps: float | None = None) -> float:
-        """:meth:`transfer` for a caller that knows nothing else will use the link until this
-        transfer ends: the same bookkeeping (its bytes, its segment, the link's clock), done now;
-        returns how long it takes, for the caller to wait itself (one timeout instead of the
-        transfer's timer and event). The seconds are the float :meth:`transfer`'s timer waits,
-        so the caller's clock reaches the same instant."""
+    def alone(self, num_bytes: int, direction: str, cap_gbps: float,
+              cap_both_gbps: float | None = None, at: float | None = None) -> float:
+        """:meth:`transfer` for a caller that knows nothing else will use the link from ``at``
+        (default: now; not earlier) until this transfer ends: the same bookkeeping (its bytes,
+        its segment, the link's clock), done at once. Returns the transfer's seconds, the float
+        :meth:`transfer`'s timer would wait, so a caller that waits them from ``at`` reaches
+        the same instant as a :meth:`transfer` started there. ``cap_both_gbps`` never applies
+        (nothing runs beside it); it is taken for the same call shape."""
         if num_bytes <= 0:
             return 0.0
-        if self.active:
-            raise RuntimeError("Link.alone: the link is busy")
-        self._advance()
+        now = self.env.now if at is None else at
+        if self.active or now < self.env.now:
+            raise RuntimeError("Link.alone: the link is busy, or the start is in the past")
+        # _advance at ``now`` with nothing active: no segment, the link's clock moves to now.
+        self._last = now
         # What _reschedule gives one transfer alone: max_min_share of one is min(cap, capacity).
         rate = min(cap_gbps * GB, self.solo_bps[direction])
         seconds = max(float(num_bytes) / rate, 0.0)
-        end = self.env.now + seconds  # the instant a timeout of ``seconds`` fires
+        end = now + seconds  # the instant a timeout of ``seconds`` started at ``now`` fires
         self._next_id += 1
         self._generation += 2  # its start and its end, as transfer() and its timer count them
         self.stats.bytes[direction] += num_bytes
         self.stats.transfers[direction] += 1
         agg = dict.fromkeys(DIRECTIONS, 0.0)
         agg[direction] += rate
-        self.stats.segments.append(LinkSegment(self._last, end, agg["offload"], agg["onboard"]))
+        self.stats.segments.append(LinkSegment(now, end, agg["offload"], agg["onboard"]))
         self._last = end
         return seconds
 

@@ -34,6 +34,10 @@ DISK_LEVEL = 2  # levels run GPU, host, disk (kvsim.manager.config)
 
 
 class CopyStream:
+    # Book a batch's requests before its last at once when the link is this queue's alone (see
+    # _drain); the same instants and statistics either way (tests turn it off to compare).
+    book_alone = True
+
     def __init__(self, env: simpy.Environment, name: str, link: Link, hw: HardwareSpec,
                  path_for: dict[str, str], ctas: int | None, inflight_bytes: int | None,
                  aligned: bool, disk: DiskSpec | None = None) -> None:
@@ -153,26 +157,57 @@ class CopyStream:
             else:
                 idle = self.env.now - self._last_end
                 reqs = self.requests_for(batch)
-                tag = f"{record.thread}:{record.api}"
-                for i, req in enumerate(reqs):
+                if self.book_alone and self.disk is None and len(reqs) > 1:
+                    # Without a disk this queue is the link's only user, so the batch's requests
+                    # before its last run alone: booked at once (Link.alone), then one wait.
+                    yield from self._wait(self._book_alone(batch, reqs[:-1], idle))
+                    reqs = reqs[-1:]
+                for req in reqs:
                     work = self._work(req)
                     if req.via_copier and idle * 1e3 >= self.hw.copier.idle_after_ms:
                         yield self.env.timeout(self.hw.copier.idle_wake_us[req.direction] * 1e-6)
                     if work.fixed_seconds:
                         yield self.env.timeout(work.fixed_seconds)
-                    if i < len(reqs) - 1 and self.disk is None:
-                        # Without a disk this queue is the link's only user, so a request that
-                        # another of the batch follows runs alone: Link.alone books it at once
-                        # (the select path's one request per pool: 64 for a 32-layer model).
-                        yield self.env.timeout(self.link.alone(
-                            work.num_bytes, batch.kind, work.cap_gbps, tag, work.cap_both_gbps))
-                        continue
-                    yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps, tag=tag,
+                    yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps,
+                                             tag=f"{record.thread}:{record.api}",
                                              cap_both_gbps=work.cap_both_gbps)
             record.finished = self.env.now
             if queue is self._queue:  # the stream's idle time (the disk queue is not the stream)
                 self._last_end = self.env.now
             done.succeed()
+
+    def _book_alone(self, batch: CopyBatch, reqs: list[CopyRequest], idle: float) -> list[float]:
+        """Book ``reqs`` back to back on the idle link from now (:meth:`Link.alone`), as the loop
+        in :meth:`_drain` would run them; returns the waits that loop would make, in order."""
+        waits: list[float] = []
+        t = self.env.now
+        for req in reqs:
+            work = self._work(req)
+            if req.via_copier and idle * 1e3 >= self.hw.copier.idle_after_ms:
+                waits.append(self.hw.copier.idle_wake_us[req.direction] * 1e-6)
+                t = t + waits[-1]
+            if work.fixed_seconds:
+                waits.append(work.fixed_seconds)
+                t = t + waits[-1]
+            waits.append(self.link.alone(work.num_bytes, batch.kind, work.cap_gbps,
+                                         work.cap_both_gbps, at=t))
+            t = t + waits[-1]
+        return waits
+
+    def _wait(self, waits: list[float]):
+        """Wait as a chain of timeouts of ``waits`` would (each ends at the float ``now +
+        wait``): in one timeout when that lands on the same instant, which it does whenever the
+        chain is short beside the clock (Sterbenz: ``end - now`` is then exact), else the chain."""
+        now = end = self.env.now
+        for w in waits:
+            end = end + w
+        if now + (end - now) == end:
+            if end > now:
+                yield self.env.timeout(end - now)
+            return
+        for w in waits:
+            if w:
+                yield self.env.timeout(w)
 
     def _disk_copy(self, batch: CopyBatch, record: CopyRecord):
         """The drive's latency, then the bytes on the disk (and on the CPU-GPU link at once when

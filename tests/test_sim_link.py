@@ -278,3 +278,16 @@ def test_the_wait_falls_back_to_the_chain_where_one_timeout_would_miss_the_insta
     env.process(go())
     env.run()
     assert reached == [end]
+
+
+def test_a_transfer_while_the_link_is_booked_alone_is_refused(toy):
+    """alone() promises its caller is the link's only user: a transfer inside a booked span
+    would not share the link with it, so it is an error, not a wrong answer."""
+    env = simpy.Environment()
+    link = Link.of_hardware(env, toy)
+    seconds = link.alone(10_000_000, "offload", 10.0)
+    assert seconds > 0
+    with pytest.raises(RuntimeError, match="booked alone"):
+        link.transfer(1_000, "onboard", 10.0)
+    env.run(until=seconds)
+    assert link.transfer(1_000, "onboard", 10.0) is not None  # after the span: fine

@@ -43,6 +43,7 @@ class Link:
         self.active: list[Transfer] = []
         self.stats = LinkStats()
         self._last = 0.0
+        self._booked_until = -1.0  # the end of the last transfer booked by alone()
         self._generation = 0
         self._next_id = 0
 
@@ -58,6 +59,9 @@ class Link:
         done = self.env.event()
         if num_bytes <= 0:
             return done.succeed()
+        if self.env.now < self._booked_until:
+            raise RuntimeError(f"Link.transfer at {self.env.now}: the link is booked alone until "
+                               f"{self._booked_until} (alone() needs its caller to be the only user)")
         self._advance()
         both = cap_gbps if cap_both_gbps is None else cap_both_gbps
         self.active.append(Transfer(self._next_id, direction, float(num_bytes), cap_gbps * GB,
@@ -94,7 +98,7 @@ class Link:
         agg = dict.fromkeys(DIRECTIONS, 0.0)
         agg[direction] += rate
         self.stats.segments.append(LinkSegment(now, end, agg["offload"], agg["onboard"]))
-        self._last = end
+        self._last = self._booked_until = end
         return seconds
 
     def _advance(self) -> None:

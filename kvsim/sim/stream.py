@@ -34,8 +34,8 @@ DISK_LEVEL = 2  # levels run GPU, host, disk (kvsim.manager.config)
 
 
 class CopyStream:
-    # Book a batch's requests before its last at once when the link is this queue's alone (see
-    # _drain); the same instants and statistics either way (tests turn it off to compare).
+    # Book a batch's requests before its last at once (see _drain): the same instants and
+    # statistics as running them one by one (tests turn it off to compare).
     book_alone = True
 
     def __init__(self, env: simpy.Environment, name: str, link: Link, hw: HardwareSpec,
@@ -157,9 +157,10 @@ class CopyStream:
             else:
                 idle = self.env.now - self._last_end
                 reqs = self.requests_for(batch)
-                if self.book_alone and self.disk is None and len(reqs) > 1:
-                    # Without a disk this queue is the link's only user, so the batch's requests
-                    # before its last run alone: booked at once (Link.alone), then one wait.
+                if self.book_alone and len(reqs) > 1:
+                    # This queue is its link's only user (the executor gives the stream a link of
+                    # its own; the disk queue moves bytes on the disk's link only), so the
+                    # requests before the batch's last run alone: booked at once, then one wait.
                     yield from self._wait(self._book_alone(batch, reqs[:-1], idle))
                     reqs = reqs[-1:]
                 for req in reqs:

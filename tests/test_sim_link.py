@@ -216,12 +216,14 @@ def test_alone_refuses_a_busy_link(toy):
         link.alone(1_000, "onboard", 10.0)
 
 
-def _stream_run(toy, monkeypatch, book_alone: bool):
+def _stream_run(toy, monkeypatch, book_alone: bool, disk: bool = False):
     """Copy batches of 1, 2 and 4 pools through the select path (one request per pool), after
-    idle spells and back to back, both directions: every record's times and the link's
+    idle spells and back to back, both directions (with ``disk``, batches to and from a disk
+    level between them, some in the disk queue): every record's times and the links'
     statistics."""
     import numpy as np
 
+    from kvsim.hardware.disk import load_disk
     from kvsim.manager.plan import CopyBatch
     from kvsim.sim.stream import CopyStream
 
@@ -229,11 +231,15 @@ def _stream_run(toy, monkeypatch, book_alone: bool):
     env = simpy.Environment()
     link = Link.of_hardware(env, toy)
     stream = CopyStream(env, "s", link, toy, {"offload": "select", "onboard": "select"}, None,
-                        None, True)
+                        None, True, load_disk("micron-9550-gen5") if disk else None)
     batches = [CopyBatch(0, 1, 0, np.arange(n, dtype=np.int32), np.arange(n, dtype=np.int32),
                          pools) for n, pools in ((64, (32768,) * 4), (3, (4096, 8192)),
                                                  (1000, (16384,)), (777, (2048,) * 4))]
     batches += [CopyBatch(1, 0, 0, b.dst_slots, b.src_slots, b.pool_slot_bytes) for b in batches]
+    if disk:  # host -> disk (disk queue), disk -> GPU and GPU -> disk (stream), interleaved
+        batches = [x for i, b in enumerate(batches) for x in
+                   (b, CopyBatch(*((1, 2), (2, 0), (0, 2))[i % 3], 0, b.src_slots, b.dst_slots,
+                                 b.pool_slot_bytes))]
 
     def go():
         for i, b in enumerate(batches):
@@ -246,14 +252,18 @@ def _stream_run(toy, monkeypatch, book_alone: bool):
     env.process(go())
     env.run()
     records = [(r.started, r.finished, r.path, r.ctas) for r in stream.records]
-    s = link.stats
-    return records, dict(s.bytes), dict(s.transfers), [tuple(vars(g).values()) for g in s.segments]
+    stats = [link.stats] + ([stream.disk_link.stats] if disk else [])
+    return records, [(dict(s.bytes), dict(s.transfers), [tuple(vars(g).values()) for g in
+                                                          s.segments]) for s in stats]
 
 
-def test_a_batch_booked_alone_gives_the_same_times_and_statistics(toy, monkeypatch):
-    per_request = _stream_run(toy, monkeypatch, False)
-    assert _stream_run(toy, monkeypatch, True) == per_request
-    assert len(per_request[0]) == 12 and sum(per_request[2].values()) > 12  # several per batch
+@pytest.mark.parametrize("disk", [False, True])
+def test_a_batch_booked_alone_gives_the_same_times_and_statistics(toy, monkeypatch, disk):
+    per_request = _stream_run(toy, monkeypatch, False, disk)
+    assert _stream_run(toy, monkeypatch, True, disk) == per_request
+    records, ((_, transfers, _), *on_disk) = per_request
+    assert len(records) == (24 if disk else 12) and sum(transfers.values()) > 12  # several a batch
+    assert not disk or sum(on_disk[0][1].values()) == 16  # each disk batch (odd: sent twice)
 
 
 def test_the_wait_falls_back_to_the_chain_where_one_timeout_would_miss_the_instant():

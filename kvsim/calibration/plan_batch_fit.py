@@ -126,8 +126,20 @@ def _set(hw: HardwareSpec, section: str, field: str, value, direction: str | Non
     return replace(hw, **{section: replace(part, **{field: value})})
 
 
+def _selector(hw: HardwareSpec) -> CopySelector:
+    """A selector on ``hw``, the last one made again while ``hw`` is the same object (a fit
+    prices every point on one spec per evaluation: one selector each, not one per point)."""
+    last = _selector.last
+    if last is None or last[0] is not hw:
+        last = _selector.last = (hw, CopySelector(hw))
+    return last[1]
+
+
+_selector.last = None
+
+
 def _e2e(hw: HardwareSpec, p: Point) -> float:
-    return CopySelector(hw).price(p.path, p.direction, p.pool_slot_bytes, p.pages, True,
+    return _selector(hw).price(p.path, p.direction, p.pool_slot_bytes, p.pages, True,
                                   p.ctas).end_to_end_seconds
 
 

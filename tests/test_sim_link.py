@@ -299,5 +299,9 @@ def test_a_transfer_while_the_link_is_booked_alone_is_refused(toy):
     assert seconds > 0
     with pytest.raises(RuntimeError, match="booked alone"):
         link.transfer(1_000, "onboard", 10.0)
+    with pytest.raises(RuntimeError, match="booked alone"):
+        link.alone(1_000, "onboard", 10.0, at=seconds / 2)
+    assert link.alone(1_000, "onboard", 10.0, at=seconds) > 0  # right after it: fine
+    seconds = link._booked_until
     env.run(until=seconds)
     assert link.transfer(1_000, "onboard", 10.0) is not None  # after the span: fine

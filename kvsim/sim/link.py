@@ -83,8 +83,9 @@ class Link:
         if num_bytes <= 0:
             return 0.0
         now = self.env.now if at is None else at
-        if self.active or now < self.env.now:
-            raise RuntimeError("Link.alone: the link is busy, or the start is in the past")
+        if self.active or now < self.env.now or now < self._booked_until:
+            raise RuntimeError("Link.alone: the link is busy (a transfer, or booked alone until "
+                               f"{self._booked_until}), or the start {now} is in the past")
         # _advance at ``now`` with nothing active: no segment, the link's clock moves to now.
         self._last = now
         # What _reschedule gives one transfer alone: max_min_share of one is min(cap, capacity).

@@ -1,9 +1,11 @@
-"""Shared test helpers: small manager configurations."""
+"""Shared test helpers: small manager configurations; loading a script of tools/."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -68,3 +70,12 @@ LONGEST_FIRST = ("test_plan_batches.py",       # 60 s: runs every shipped scenar
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep order
+
+
+def load_tool(name: str) -> ModuleType:
+    """``tools/<name>.py`` as a module (the tools are scripts, not a package)."""
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

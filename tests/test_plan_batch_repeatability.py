@@ -2,20 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import load_tool
 
 
 def _tool():
-    path = ROOT / "tools" / "plan_batch_repeatability.py"
-    spec = importlib.util.spec_from_file_location("plan_batch_repeatability", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("plan_batch_repeatability")
 
 
 def _record(samples, role="judge", timing="cuda_events_issue", path="kernel"):

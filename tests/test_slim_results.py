@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from pathlib import Path
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "slim_results.py"
+from conftest import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("slim_results", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("slim_results")
 
 
 def _run(d: Path, marker: str) -> None:

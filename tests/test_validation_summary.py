@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from conftest import load_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 V = ROOT / "reports" / "validation-h200"
 
 
 def _tool():
-    path = ROOT / "tools" / "validation_summary.py"
-    spec = importlib.util.spec_from_file_location("validation_summary", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("validation_summary")
 
 
 def test_summary_takes_each_figure_from_its_own_judge_file():

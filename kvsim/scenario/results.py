@@ -14,7 +14,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import io
-import json
 import math
 import statistics
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from kvsim.manager import KVCacheManager
 from kvsim.runtime import metrics
 from kvsim.runtime.records import CallRecord, RunResult
+from kvsim.scenario import json_text
 from kvsim.scenario.schema import Scenario, Variant
 
 RESULTS_SCHEMA_VERSION = 1
@@ -242,8 +242,10 @@ def finite(value: Any) -> Any:
 
 
 def results_json(results: dict) -> str:
-    """``results`` as strict JSON (no NaN or Infinity), keys sorted: byte-identical per seed."""
-    return json.dumps(finite(public(results)), indent=1, sort_keys=True, allow_nan=False) + "\n"
+    """``results`` as strict JSON (no NaN or Infinity), keys sorted: byte-identical per seed.
+    The text of ``json.dumps(finite(public(results)), indent=1, sort_keys=True,
+    allow_nan=False)``, written by :func:`kvsim.scenario.json_text.dumps` (twice as fast)."""
+    return json_text.dumps(public(results)) + "\n"
 
 
 def failed_calls(results: dict) -> dict[str, int]:

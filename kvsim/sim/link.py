@@ -78,22 +78,22 @@ class Link:
         (default: now; not earlier) until this transfer ends: the same bookkeeping (its bytes,
         its segment, the link's clock), done at once. Returns the transfer's seconds, the float
         :meth:`transfer`'s timer would wait, so a caller that waits them from ``at`` reaches
-        the same instant as a :meth:`transfer` started there. ``cap_both_gbps`` never applies
-        (nothing runs beside it); it is taken for the same call shape."""
+        the same instant as a :meth:`transfer` started there; its rate is the one
+        :func:`link_rates` gives it alone (``cap_both_gbps`` then never applies). The link's
+        clock moves to the transfer's end (:meth:`_advance` from ``now`` with nothing active
+        adds nothing)."""
         if num_bytes <= 0:
             return 0.0
         now = self.env.now if at is None else at
         if self.active or now < self.env.now or now < self._booked_until:
             raise RuntimeError("Link.alone: the link is busy (a transfer, or booked alone until "
                                f"{self._booked_until}), or the start {now} is in the past")
-        # _advance at ``now`` with nothing active: no segment, the link's clock moves to now.
-        self._last = now
-        # What _reschedule gives one transfer alone: max_min_share of one is min(cap, capacity).
-        rate = min(cap_gbps * GB, self.solo_bps[direction])
+        # _reschedule's rate for this transfer alone on the link (no timer: nothing to reschedule)
+        both = cap_gbps if cap_both_gbps is None else cap_both_gbps
+        (rate,) = link_rates(self.solo_bps, self.bidirectional_factor,
+                             [(direction, cap_gbps * GB, both * GB)])
         seconds = max(float(num_bytes) / rate, 0.0)
         end = now + seconds  # the instant a timeout of ``seconds`` started at ``now`` fires
-        self._next_id += 1
-        self._generation += 2  # its start and its end, as transfer() and its timer count them
         self.stats.bytes[direction] += num_bytes
         self.stats.transfers[direction] += 1
         agg = dict.fromkeys(DIRECTIONS, 0.0)

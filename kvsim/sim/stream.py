@@ -165,10 +165,8 @@ class CopyStream:
                     reqs = reqs[-1:]
                 for req in reqs:
                     work = self._work(req)
-                    if req.via_copier and idle * 1e3 >= self.hw.copier.idle_after_ms:
-                        yield self.env.timeout(self.hw.copier.idle_wake_us[req.direction] * 1e-6)
-                    if work.fixed_seconds:
-                        yield self.env.timeout(work.fixed_seconds)
+                    for wait in self._waits_before(req, work, idle):
+                        yield self.env.timeout(wait)
                     yield self.link.transfer(work.num_bytes, batch.kind, work.cap_gbps,
                                              tag=f"{record.thread}:{record.api}",
                                              cap_both_gbps=work.cap_both_gbps)
@@ -184,15 +182,22 @@ class CopyStream:
         t = self.env.now
         for req in reqs:
             work = self._work(req)
-            if req.via_copier and idle * 1e3 >= self.hw.copier.idle_after_ms:
-                waits.append(self.hw.copier.idle_wake_us[req.direction] * 1e-6)
-                t = t + waits[-1]
-            if work.fixed_seconds:
-                waits.append(work.fixed_seconds)
-                t = t + waits[-1]
+            for wait in self._waits_before(req, work, idle):
+                waits.append(wait)
+                t = t + wait
             waits.append(self.link.alone(work.num_bytes, batch.kind, work.cap_gbps,
                                          work.cap_both_gbps, at=t))
             t = t + waits[-1]
+        return waits
+
+    def _waits_before(self, req: CopyRequest, work, idle: float) -> list[float]:
+        """What a request waits before its bytes move: the copier's wake-up after an idle
+        spell of the stream (``idle`` seconds), then its path's fixed time; zero ones left out."""
+        waits = []
+        if req.via_copier and idle * 1e3 >= self.hw.copier.idle_after_ms:
+            waits.append(self.hw.copier.idle_wake_us[req.direction] * 1e-6)
+        if work.fixed_seconds:
+            waits.append(work.fixed_seconds)
         return waits
 
     def _wait(self, waits: list[float]):

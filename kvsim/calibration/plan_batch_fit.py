@@ -139,8 +139,15 @@ _selector.last = None
 
 
 def _e2e(hw: HardwareSpec, p: Point) -> float:
+    """The point's predicted end-to-end seconds on ``hw``."""
     return _selector(hw).price(p.path, p.direction, p.pool_slot_bytes, p.pages, True,
-                                  p.ctas).end_to_end_seconds
+                               p.ctas).end_to_end_seconds
+
+
+def _device(hw: HardwareSpec, p: Point) -> float:
+    """The point's predicted device seconds on ``hw`` (what its gated time measures)."""
+    return _selector(hw).price(p.path, p.direction, p.pool_slot_bytes, p.pages, True,
+                               p.ctas).seconds
 
 
 def _robust_fit(hw: HardwareSpec, points: list[Point], names: list[tuple[str, str]], direction: str,
@@ -241,8 +248,7 @@ def refit(hw: HardwareSpec, measurement: dict,
             # Device time before the first launch runs: what the gated (device-only) times leave
             # over the modelled kernels, median over the direction's kernel points.
             gated = [p for p in kern if p.gated_s]
-            extra = statistics.median(p.gated_s - CopySelector(hw).price(
-                p.path, p.direction, p.pool_slot_bytes, p.pages, True, p.ctas).seconds for p in gated)
+            extra = statistics.median(p.gated_s - _device(hw, p) for p in gated)
             hw = _set(hw, "copier", "batch_device_us", max(0.0, extra * 1e6), d)
 
     errors: dict = {}
@@ -398,9 +404,7 @@ def refit_probe(hw: HardwareSpec, measurement: dict, roles: tuple[str, ...] = ("
         gated = [p for p in dev_pts if p.path == "ce-page" and p.direction == d and p.gated_s]
         if gated:
             hw = _robust_fit_to(hw, gated, [("copy_engine", "per_copy_device_us")], d, [(0.0, 50.0)],
-                                lambda s, p: CopySelector(s).price(p.path, p.direction, p.pool_slot_bytes,
-                                                                   p.pages, True, p.ctas).seconds,
-                                lambda p: p.gated_s)
+                                _device, lambda p: p.gated_s)
     # kernel device figures on the gated times, hyperbolic knee
     hw = replace(hw, kernel=replace(hw.kernel, knee_form="hyperbolic"))
     names = [("kernel", f) for f in KERNEL_FIELDS] + [("copier", "batch_device_us")]
@@ -408,9 +412,8 @@ def refit_probe(hw: HardwareSpec, measurement: dict, roles: tuple[str, ...] = ("
         gated = [p for p in dev_pts if p.path == "kernel" and p.direction == d and p.gated_s]
         if gated:
             bounds = [KERNEL_BOUNDS[f] for _, f in names[:-1]] + [(0.0, 200.0)]
-            hw = _robust_fit_to(hw, gated, names, d, bounds, lambda s, p: CopySelector(s).price(
-                p.path, p.direction, p.pool_slot_bytes, p.pages, True, p.ctas).seconds,
-                lambda p: p.gated_s, KNEE_LOSS)
+            hw = _robust_fit_to(hw, gated, names, d, bounds, _device, lambda p: p.gated_s,
+                                KNEE_LOSS)
         kern = [p for p in pts if p.path == "kernel" and p.direction == d]
         if kern:
             hw = _robust_fit_to(hw, kern, [("copier", "submit_after_launch_host_us")], d,
@@ -434,8 +437,9 @@ def refit_probe(hw: HardwareSpec, measurement: dict, roles: tuple[str, ...] = ("
 def _robust_fit_to(hw: HardwareSpec, points: list[Point], names: list[tuple[str, str]],
                    direction: str, bounds: list[tuple[float, float]], predict, measured,
                    loss: str = "soft_l1") -> HardwareSpec:
-    """:func:`_robust_fit` with the prediction and the measured figure given (``loss``: the
-    least-squares loss, soft-L1 at 5 % scale, or "linear": plain least squares of log error)."""
+    """The figures ``names`` of ``direction``, within ``bounds``, for which ``predict(spec,
+    point)`` fits ``measured(point)`` best: least squares of log error with ``loss`` (soft-L1 at
+    5 % scale, or "linear": plain least squares)."""
     from scipy.optimize import least_squares
 
     def spec(x: np.ndarray) -> HardwareSpec:

@@ -428,6 +428,19 @@ def measured_points(measurement: dict) -> tuple[dict[str, dict[str, dict[str, fl
     return measured, bad_points
 
 
+def _pick_against_best(pick: str, fixed: dict[str, float]) -> dict:
+    """The selector's ``pick`` against the fastest of a batch's measured ``fixed`` points
+    (seconds by point key): the best, and, if the pick was measured, how far behind it is and
+    whether that is within the target (``ok`` None when it was not measured)."""
+    best = min(fixed, key=fixed.get)
+    row: dict = {"best": best, "best_ms": fixed[best] * 1e3}
+    if pick not in fixed:
+        return row | {"ok": None}
+    over = (fixed[pick] / fixed[best] - 1) * 100
+    return row | {"pick_ms": fixed[pick] * 1e3, "pick_over_best_pct": over,
+                  "ok": over <= TARGETS["selector_within_pct"]}
+
+
 def _selector_summary(sel_rows: list[dict]) -> dict:
     """The selector target's figures over the per-batch rows (``ok`` None: not judged)."""
     judged = [r for r in sel_rows if r["ok"] is not None]
@@ -523,14 +536,7 @@ def judge(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") -> 
         pick = _point_key(choice.path, choice.estimate.ctas if choice.path == "kernel" else None)
         row = {"batch": bid, "role": role(b), "pick": pick, "measured_points": len(fixed)}
         if fixed:
-            best = min(fixed, key=fixed.get)
-            row.update(best=best, best_ms=fixed[best] * 1e3)
-            if pick in fixed:
-                row["pick_ms"] = fixed[pick] * 1e3
-                row["pick_over_best_pct"] = (fixed[pick] / fixed[best] - 1) * 100
-                row["ok"] = row["pick_over_best_pct"] <= TARGETS["selector_within_pct"]
-            else:
-                row["ok"] = None  # the pick was not measured
+            row.update(_pick_against_best(pick, fixed))  # ok None: the pick was not measured
             if SELECT in pts and "issue" in pts[SELECT]:
                 row["select_ms"] = pts[SELECT]["issue"] * 1e3
         else:
@@ -737,10 +743,7 @@ def judge3(measurement: dict | str | Path, hardware_preset: Any = "h200-sxm") ->
         pick = _point_key(choice.path, choice.estimate.ctas if choice.path == "kernel" else None)
         row = {"batch": bid, "role": role(b), "pages": int(b["pages"]), "pick": pick}
         if fixed and pick in fixed:
-            best = min(fixed, key=fixed.get)
-            row.update(best=best, best_ms=fixed[best] * 1e3, pick_ms=fixed[pick] * 1e3,
-                       pick_over_best_pct=(fixed[pick] / fixed[best] - 1) * 100)
-            row["ok"] = row["pick_over_best_pct"] <= TARGETS["selector_within_pct"]
+            row.update(_pick_against_best(pick, fixed))
         else:
             row["ok"] = None
         sel_rows.append(row)

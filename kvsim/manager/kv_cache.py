@@ -71,13 +71,12 @@ def as_tokens(tokens: object, what: str = "tokens") -> np.ndarray:
         raise InvalidArgumentError(f"{what} must be a 1-D sequence of token ids, got shape {arr.shape}")
     if arr.size == 0:
         return np.zeros(0, dtype=np.uint32)
-    if arr.dtype == np.uint32:  # the usual input: in range by its type, no scan needed
-        return arr.astype(np.uint32)
-    if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
-        raise InvalidArgumentError(f"{what} must be integer token ids, got dtype {arr.dtype}")
-    lo, hi = int(arr.min()), int(arr.max())
-    if lo < 0 or hi >= 1 << 32:
-        raise InvalidArgumentError(f"{what} must be in [0, 2**32), got values in [{lo}, {hi}]")
+    if arr.dtype != np.uint32:  # uint32, the usual input, is in range by its type
+        if arr.dtype == bool or not np.issubdtype(arr.dtype, np.integer):
+            raise InvalidArgumentError(f"{what} must be integer token ids, got dtype {arr.dtype}")
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= 1 << 32:
+            raise InvalidArgumentError(f"{what} must be in [0, 2**32), got values in [{lo}, {hi}]")
     return arr.astype(np.uint32)
 
 

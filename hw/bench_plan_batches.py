@@ -230,10 +230,8 @@ ROUNDS = 3
 
 def sample_plan(hw: Any, batch: dict, path: str, ctas: int | None, samples: int,
                 small_samples: int | None, mid_samples: int | None) -> tuple[int, int]:
-    """``(timed samples, rounds)`` of one point: sub-millisecond points (as the model prices
-    them end to end) take ``small_samples``, points under 10 ms ``mid_samples``, both in
-    :data:`ROUNDS` passes; longer points ``samples`` in one pass. None: ``samples``, one pass
-    (the 2026-12-03 protocol)."""
+    """``(timed samples, rounds)`` of one point: :func:`samples_for` its end-to-end time as the
+    model prices it."""
     from kvsim.model.copy_select import CopySelector
 
     sel = CopySelector(hw)
@@ -242,10 +240,18 @@ def sample_plan(hw: Any, batch: dict, path: str, ctas: int | None, samples: int,
         est = sel.choose(d, layout, pages).estimate
     else:
         est = sel.price(path, d, layout, pages, True, ctas)
-    t = est.end_to_end_seconds
-    if small_samples and t < SMALL_POINT_S:
+    return samples_for(est.end_to_end_seconds, samples, small_samples, mid_samples)
+
+
+def samples_for(seconds: float, samples: int, small_samples: int | None,
+                mid_samples: int | None) -> tuple[int, int]:
+    """``(timed samples, rounds)`` of a point the model prices at ``seconds`` end to end:
+    sub-millisecond points take ``small_samples``, points under 10 ms ``mid_samples``, both in
+    :data:`ROUNDS` passes; longer points ``samples`` in one pass. None: ``samples``, one pass
+    (the 2026-12-03 protocol)."""
+    if small_samples and seconds < SMALL_POINT_S:
         return max(samples, small_samples), ROUNDS
-    if mid_samples and t < MID_POINT_S:
+    if mid_samples and seconds < MID_POINT_S:
         return max(samples, mid_samples), ROUNDS
     return samples, 1
 
@@ -290,7 +296,7 @@ def estimate_point_s(hw: Any, batch: dict, path: str, ctas: int | None, warmup: 
     else:
         est, real = sel.price(path, d, layout, pages, True, ctas), path
     run = est.end_to_end_seconds + EST_RUN_S
-    n, rounds = sample_plan(hw, batch, path, ctas, samples, small, mid)
+    n, rounds = samples_for(est.end_to_end_seconds, samples, small, mid)
     runs = warmup * rounds + n
     if gateable(batch, real):
         runs *= 2

@@ -139,7 +139,7 @@ class CondMutex:
     releases the GIL and blocks. A release wakes one blocked thread (:meth:`release`); woken, it
     takes the mutex if it is still free (another thread holding the GIL may have taken it
     meanwhile: then it blocks again, first in line), and only then re-takes the GIL, holding the
-    mutex while it queues. The executor (:meth:`SimExecutor._mutex`) drives those steps; this
+    mutex while it queues. :func:`kvsim.sim.lock_convoy.take_mutex` drives those steps; this
     class keeps the owner and the blocked threads."""
 
     def __init__(self, env: simpy.Environment) -> None:

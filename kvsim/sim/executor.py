@@ -1,7 +1,8 @@
 """SimExecutor: the manager's calls, in simulated time.
 
 Each workload thread is a SimPy process running :func:`kvsim.runtime.pipeline.thread_steps`;
-this module performs the pipeline's effects in simulated time:
+this module performs the pipeline's effects in simulated time (a delay or grant nothing else can
+come before skips SimPy's queue, with the same outcome: :mod:`kvsim.sim.environment`):
 
 * **Python** (entering and leaving a binding): the thread takes the GIL and spends
   ``python_call_us / 2``, plus the CPU preset's ``after_sleep_us`` on the first entry after the
@@ -49,24 +50,13 @@ from kvsim.runtime.records import Deadlock, GilStats, RunResult, StuckThread
 from kvsim.runtime.steps import GpuTimes, Step
 from kvsim.sim import lock_convoy
 from kvsim.sim.collector import fewer_collections
+from kvsim.sim.environment import CountingEnvironment
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
 from kvsim.sim.rwlock import CondMutex, LockHazardError, ReentrantSharedMutex
 from kvsim.sim.stream import CopyStream
 
 MAIN_THREAD = "MainThread"  # Python's name for the thread that starts the workload threads
-
-
-class CountingEnvironment(simpy.Environment):
-    """A SimPy environment that counts the events it processes (for events-per-second)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.events_processed = 0
-
-    def step(self) -> None:
-        self.events_processed += 1
-        super().step()
 
 
 @dataclass(frozen=True)
@@ -154,11 +144,23 @@ class SimExecutor:
     def progress(self, say) -> None:
         self.log.progress = say
 
-    def _delay(self, seconds: float):
-        """A modelled delay, perturbed when exploring schedules."""
+    def _jittered(self, seconds: float) -> float:
+        """A modelled delay's seconds, perturbed when exploring schedules."""
         if self._rng is not None:
             seconds *= 1.0 + self._rng.uniform(-self.options.jitter, self.options.jitter)
-        return self.env.timeout(max(seconds, 0.0))
+        return max(seconds, 0.0)
+
+    def _wait(self, seconds: float):
+        """``yield from``: a modelled delay, without an event when none is due before it ends
+        (:meth:`CountingEnvironment.fast_forward`)."""
+        seconds = self._jittered(seconds)
+        if not self.env.fast_forward(seconds):
+            yield self.env.timeout(seconds)
+
+    def _sleep(self, seconds: float):
+        """``yield from``: ``seconds`` of simulated time, as ``env.timeout`` (no jitter)."""
+        if not self.env.fast_forward(seconds):
+            yield self.env.timeout(seconds)
 
     def _nudge(self):
         """Nothing, or (when exploring) a random sliver of time that reorders equal-time events."""
@@ -216,7 +218,8 @@ class SimExecutor:
                     if python_manager:  # threading.Condition.wait releases the GIL
                         self.gil.release_fully(thread)
                     self._check_deadlock(thread)
-                if (yield request) is not None or not self.lock.recheck:
+                got = request.value if self.env.process_now(request) else (yield request)
+                if got is not None or not self.lock.recheck:
                     break
                 # Woken by a release (or the deferred first test): run again (after the wake-up,
                 # a Python thread needs the GIL) and re-test, paying the test's host time.
@@ -224,7 +227,7 @@ class SimExecutor:
                 # so the wait-for graph sees no lock wait there.)
                 if woken and wake_s > 0.0:
                     self._waiting[thread] = ("lock wake-up", e.api)
-                    yield self._delay(wake_s)
+                    yield from self._wait(wake_s)
                 yield from self._take_gil(thread, e.api)
                 pay_s = retest_s if woken else test_s
                 if pay_s > 0.0:
@@ -247,7 +250,7 @@ class SimExecutor:
     def _do_callbacks(self, e: pipeline.Callbacks):
         # The manager calls back into Python under the lock: it needs the GIL.
         yield from self._take_gil(e.thread, e.api + " (callback)")
-        yield self._delay(e.count * self.cpu.callback_us * 1e-6)
+        yield from self._wait(e.count * self.cpu.callback_us * 1e-6)
         if not self.cpu.holds_gil:
             self.gil.release(e.thread)
 
@@ -257,7 +260,7 @@ class SimExecutor:
         if self.cpu.holds_gil:
             yield from self._python(e.thread, seconds, e.api)
         elif seconds:
-            yield self._delay(seconds)
+            yield from self._wait(seconds)
         return seconds, self.cpu.terms_us(e.counts)
 
     def _do_submit(self, e: pipeline.SubmitCopies):
@@ -283,7 +286,7 @@ class SimExecutor:
         if self.cpu.holds_gil:
             yield from self._python(e.thread, submit_s, e.api)
         elif submit_s:
-            yield self._delay(submit_s)
+            yield from self._wait(submit_s)
         return handles, submit_s
 
     def _do_compute(self, e: pipeline.Compute):
@@ -302,7 +305,7 @@ class SimExecutor:
         else:
             end = landed + work.seconds
         if end > env.now:
-            yield env.timeout(end - env.now)
+            yield from self._sleep(end - env.now)
         return GpuTimes(start, landed, env.now)
 
     def _do_release(self, e: pipeline.ReleaseLock) -> None:
@@ -324,7 +327,7 @@ class SimExecutor:
     def _do_sleep(self, e: pipeline.SleepFor):
         self.gil.release_fully(e.thread)  # sleeping threads do not hold the GIL
         seconds = e.seconds + self._overshoot()
-        yield self.env.timeout(seconds)
+        yield from self._sleep(seconds)
         if self.cpu.after_sleep_us:
             self._slept[e.thread] = seconds
         if self.cpu.sleep_retakes_gil:  # time.sleep returns holding the GIL
@@ -334,7 +337,7 @@ class SimExecutor:
         self.gil.release_fully(e.thread)
         if e.time > self.env.now:
             slept = e.time - self.env.now + self._overshoot()
-            yield self.env.timeout(slept)
+            yield from self._sleep(slept)
             if self.cpu.after_sleep_us:
                 self._slept[e.thread] = slept
         if self.cpu.sleep_retakes_gil:
@@ -355,7 +358,7 @@ class SimExecutor:
         if not self.cpu.holds_gil:  # C++ manager: short Python edges, no forced switch to model
             yield from self._take_gil(thread, api)
             if seconds > 0.0:
-                yield self._delay(seconds)
+                yield from self._wait(seconds)
             return
         remaining = seconds
         while True:
@@ -363,7 +366,12 @@ class SimExecutor:
             if remaining <= 0.0:
                 return
             start = self.env.now
-            yield self._delay(remaining) | self.gil.drop_requested
+            seconds = self._jittered(remaining)
+            # A drop request already made ends the wait at once: no shortcut then. Otherwise
+            # nothing can make one before the next queued event (2 events: the timeout and the
+            # condition).
+            if self.gil.drop_requested.triggered or not self.env.fast_forward(seconds, events=2):
+                yield self.env.timeout(seconds) | self.gil.drop_requested
             remaining -= self.env.now - start
             if remaining <= 1e-12:
                 return
@@ -377,7 +385,8 @@ class SimExecutor:
         request = self.gil.acquire(thread)
         if not request.triggered:
             self._check_deadlock(thread)
-        yield request
+        if not self.env.process_now(request):
+            yield request
         del self._waiting[thread]
 
     # -- the wait-for graph -------------------------------------------------------------------

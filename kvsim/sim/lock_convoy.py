@@ -43,7 +43,7 @@ def take_mutex(ex, thread: str, api: str):
             ex._waiting[thread] = ("lock mutex", api)
             yield m.block(thread, first)
             if ex.cpu.lock_wake_us > 0.0:
-                yield ex._delay(ex.cpu.lock_wake_us * 1e-6)
+                yield from ex._wait(ex.cpu.lock_wake_us * 1e-6)
             if m.take(thread):
                 break
             first = True  # taken meanwhile by a thread that held the GIL: first in line again
@@ -90,7 +90,7 @@ def acquire(ex, e: pipeline.AcquireLock):
         yield request  # a release woke it
         ex._waiting[thread] = ("lock wake-up", api)
         if wake_s > 0.0:
-            yield ex._delay(wake_s)
+            yield from ex._wait(wake_s)
         yield from take_mutex(ex, thread, api)
         pay_s = retest_s
     ex._waiting.pop(thread, None)

@@ -1,0 +1,142 @@
+"""The executor's queue shortcuts (kvsim.sim.environment) change nothing but speed.
+
+Each run below goes twice, with and without the shortcuts, and must give the same results file
+byte for byte (including the SimPy event count, which counts the events a shortcut skipped):
+the C++ CPU model, the Python manager's preset (GIL hand-over draws, lock re-tests, the
+Condition's mutex), a deadlock, a starvation, schedule exploration (jittered delays), copies on
+the stream and a timed trace replay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kvsim.calibration import concurrency_judge as cj
+from kvsim.scenario.load import load_scenario_file
+from kvsim.scenario.results import results_json
+from kvsim.scenario.run import execute
+from kvsim.sim.environment import CountingEnvironment
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _both(scenario) -> tuple[str, str]:
+    assert CountingEnvironment.shortcuts
+    fast = results_json(execute(scenario))
+    CountingEnvironment.shortcuts = False
+    try:
+        slow = results_json(execute(scenario))
+    finally:
+        CountingEnvironment.shortcuts = True
+    return fast, slow
+
+
+def _variant(file: str, name: str):
+    return dict((v.name, s) for v, s in load_scenario_file(REPO / file).variants)[name]
+
+
+CPP_CASES = [("scenarios/bugs/gil_deadlock.yaml", "buggy"),
+             ("scenarios/bugs/probe_starvation.yaml", "buggy"),
+             ("scenarios/bugs/probe_drain.yaml", "fixed"),
+             ("scenarios/traces/mooncake_sample.yaml", None)]
+
+
+@pytest.mark.parametrize("file,variant", CPP_CASES)
+def test_cpp_manager_runs_are_unchanged(file, variant):
+    scenario = load_scenario_file(REPO / file).base if variant is None else _variant(file, variant)
+    fast, slow = _both(scenario)
+    assert fast == slow
+
+
+@pytest.mark.parametrize("case", ["gil_deadlock.buggy", "seed_concurrency_tests.buggy",
+                                  "probe_starvation.fixed"])
+def test_python_manager_runs_are_unchanged(case):
+    """The Python manager's preset: GIL hand-over draws, lock re-tests, the Condition's mutex."""
+    scenario = cj.case_scenario(cj.CASE_BY_NAME[case], "sim", "kvsim-python-h200host", REPO)
+    fast, slow = _both(scenario)
+    assert fast == slow
+
+
+def test_schedule_exploration_is_unchanged():
+    scenario = _variant("scenarios/bugs/probe_starvation.yaml", "buggy")
+    scenario = replace(scenario, sim=replace(scenario.sim, schedule_seed=3))
+    fast, slow = _both(scenario)
+    assert fast == slow
+
+
+def test_the_shortcuts_are_taken():
+    """Not vacuous: a timed replay's run takes most of its events by shortcut."""
+    steps = []
+    step = CountingEnvironment.step
+
+    def counting(self):
+        steps.append(1)
+        step(self)
+
+    scenario = load_scenario_file(REPO / "scenarios/traces/mooncake_sample.yaml").base
+    CountingEnvironment.step = counting
+    try:
+        events = execute(scenario)["sim"]["events"]
+    finally:
+        CountingEnvironment.step = step
+    assert len(steps) < events / 2
+
+
+# -- the two shortcuts' own rules -------------------------------------------------------------------
+def _inside_a_step(env: CountingEnvironment, body) -> list:
+    """Run ``body(env)`` as the sole callback of an event processed by ``env.step``."""
+    out: list = []
+    env.timeout(0).callbacks.append(lambda _e: out.append(body(env)))
+    env.step()
+    return out
+
+
+def test_fast_forward_stops_short_of_a_queued_event():
+    env = CountingEnvironment()
+    env.timeout(1.0)  # due at 1.0
+    assert _inside_a_step(env, lambda e: e.fast_forward(1.0)) == [False]  # same instant: it wins
+    assert env.now == 0.0
+    assert _inside_a_step(env, lambda e: e.fast_forward(0.5)) == [True]
+    assert env.now == 0.5
+    assert env.events_processed == 3  # two steps and one skipped timeout
+
+
+def test_fast_forward_needs_the_sole_callback():
+    env = CountingEnvironment()
+    seen = []
+    event = env.timeout(0)
+    event.callbacks += [lambda _e: seen.append(env.fast_forward(1.0)), lambda _e: seen.append(env.now)]
+    env.step()
+    assert seen == [False, 0.0]
+
+
+def test_process_now_takes_only_the_next_event_nobody_waits_on():
+    env = CountingEnvironment()
+
+    def body(e):
+        first = e.event().succeed()
+        second = e.event().succeed()
+        waited = e.event()
+        return e.process_now(second), e.process_now(first), waited
+
+    [(second_taken, first_taken, _)] = _inside_a_step(env, body)
+    assert (second_taken, first_taken) == (False, True)
+
+    env = CountingEnvironment()
+
+    def waited_on(e):
+        ev = e.event().succeed()
+        ev.callbacks.append(lambda _x: None)
+        return e.process_now(ev)
+
+    assert _inside_a_step(env, waited_on) == [False]
+
+    def failed(e):
+        ev = e.event().fail(RuntimeError("x"))
+        ev.defused = True
+        return e.process_now(ev)
+
+    assert _inside_a_step(CountingEnvironment(), failed) == [False]

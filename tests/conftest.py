@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig, eviction_index
 from kvsim.manager.storage import Storage
 
+REPO = Path(__file__).resolve().parents[1]
 PAGE = 4096  # bytes per page in the small configurations: two 2 KiB slots
 
 
@@ -58,13 +60,35 @@ eviction_index.RESERVOIR_PAGES = 3
 eviction_index.MAX_PENDING_PAGES = 40
 
 
+@contextlib.contextmanager
+def production_eviction_index(check: bool = False):
+    """The eviction index as ``kvsim run`` has it (production reservoir sizes), its check against
+    a full scan on only with ``check``: for tests that run whole shipped scenarios to use what
+    they produce (a full scan per selection of a 100K-page level costs more than the run)."""
+    saved = (Storage.check_eviction_index, eviction_index.RESERVOIR_PAGES,
+             eviction_index.MAX_PENDING_PAGES)
+    # The sizes as the module defines them (a fresh copy: this file may run twice, as
+    # ``conftest`` and as ``tests.conftest``, after the first run changed them).
+    spec = importlib.util.find_spec(eviction_index.__name__)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    eviction_index.RESERVOIR_PAGES = fresh.RESERVOIR_PAGES
+    eviction_index.MAX_PENDING_PAGES = fresh.MAX_PENDING_PAGES
+    Storage.check_eviction_index = check
+    try:
+        yield
+    finally:
+        (Storage.check_eviction_index, eviction_index.RESERVOIR_PAGES,
+         eviction_index.MAX_PENDING_PAGES) = saved
+
+
 # The longest files first (seconds on the 2-core machine, 2026-12-04): the test command runs one
 # file per worker at a time (--dist loadfile), so a long file that starts late sets the wall
 # time; started first, the other worker takes the short files meanwhile (longest first).
-LONGEST_FIRST = ("test_plan_batches.py",       # 60 s: runs every shipped scenario once
-                 "test_manager_stateful.py",   # 18 s
-                 "test_validate.py",           # 15 s
-                 "test_gil_handover.py")       # 10 s
+LONGEST_FIRST = ("test_plan_batches.py",       # 27 s: runs every shipped scenario once
+                 "test_manager_stateful.py",   # 19 s
+                 "test_validate.py",           # 11 s
+                 "test_gil_handover.py")       # 8 s
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvsim.manager import KVCacheManager
+from kvsim.manager import KVCacheManager, eviction_index
 from kvsim.manager.plan import Plan
-from tests.conftest import small_config, tokens
+from kvsim.scenario.load import load_scenario_file
+from kvsim.scenario.run import execute
+from tests.conftest import REPO, production_eviction_index, small_config, tokens
 
 
 def _churn(mgr: KVCacheManager, rng: np.random.Generator, steps: int) -> None:
@@ -55,6 +57,36 @@ def test_index_matches_full_scans_over_a_long_random_workload() -> None:
     assert index.selections > 100
     # Most selections were answered from a reservoir, not by a full scan.
     assert 0 < index.rebuilds < index.selections / 2
+
+
+def test_index_matches_full_scans_at_production_sizes_on_the_timed_mooncake_replay(monkeypatch):
+    """The shipped timed replay's first 600 requests, with a smaller host tier so both tiers
+    evict, at the production reservoir sizes (4096 pages, a bound on a 93,750-page GPU tier):
+    every selection is checked against a full scan, and a mismatch raises out of the run."""
+    seen: list[tuple[int, bool]] = []  # (level, answered without a rebuild)
+    select, rebuild = eviction_index.EvictionIndex.select, eviction_index.EvictionIndex._rebuild
+
+    def counting_select(self, level, group, n):
+        seen.append((level, True))
+        return select(self, level, group, n)
+
+    def counting_rebuild(self, level, group, n):
+        seen[-1] = (level, False)
+        return rebuild(self, level, group, n)
+
+    monkeypatch.setattr(eviction_index.EvictionIndex, "select", counting_select)
+    monkeypatch.setattr(eviction_index.EvictionIndex, "_rebuild", counting_rebuild)
+    scenario = load_scenario_file(REPO / "scenarios/traces/mooncake_timed.yaml",
+                                  ["workload.max_requests=600",
+                                   "manager.levels.1.quota_bytes=1000000 KiB"]).base
+    with production_eviction_index(check=True):
+        assert eviction_index.RESERVOIR_PAGES == 4096
+        result = execute(scenario)
+    assert result["api"]["KvCache.close"]["count"] == 600  # every request ran to its end
+    levels = {level for level, _ in seen}
+    from_reservoir = sum(kept for _, kept in seen)
+    assert levels == {0, 1}
+    assert 0 < len(seen) - from_reservoir < from_reservoir  # rebuilds, and mostly not
 
 
 def test_an_unreported_change_is_caught_by_the_check() -> None:

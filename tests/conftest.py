@@ -67,8 +67,8 @@ def production_eviction_index(check: bool = False):
     they produce (a full scan per selection of a 100K-page level costs more than the run)."""
     saved = (Storage.check_eviction_index, eviction_index.RESERVOIR_PAGES,
              eviction_index.MAX_PENDING_PAGES)
-    # The sizes as the module defines them (a fresh copy: this file may run twice, as
-    # ``conftest`` and as ``tests.conftest``, after the first run changed them).
+    # The sizes as the module defines them (a fresh copy: this file's module body changed
+    # them, and would again if it were ever imported a second time under another name).
     spec = importlib.util.find_spec(eviction_index.__name__)
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import tree_snapshot as _snapshot
 
 from kvsim.cli import main
 from kvsim.errors import KvsimError
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
 from kvsim.manager.fingerprint import fingerprint
-from tests.conftest import tree_snapshot as _snapshot
 
 TIME_LIMIT_S = 20  # a hang (an alias bomb, a runaway size) fails the case instead of the suite
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import REPO, production_eviction_index, small_config, tokens
 
 from kvsim.manager import KVCacheManager, eviction_index
 from kvsim.manager.plan import Plan
 from kvsim.scenario.load import load_scenario_file
 from kvsim.scenario.run import execute
-from tests.conftest import REPO, production_eviction_index, small_config, tokens
 
 
 def _churn(mgr: KVCacheManager, rng: np.random.Generator, steps: int) -> None:

@@ -13,11 +13,11 @@ import stat
 from pathlib import Path
 
 import pytest
+from conftest import tree_snapshot as snapshot
 
 import kvsim.output_dir as output_dir
 from kvsim.cli import main
 from kvsim.output_dir import MARKER
-from tests.conftest import tree_snapshot as snapshot
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_TRACE = REPO / "scenarios" / "traces" / "mooncake_sample.jsonl"

@@ -55,6 +55,7 @@ def mgr() -> KVCacheManager:
 # Every victim selection in the tests is checked against a full scan of the level, and the
 # index's reservoirs are kept tiny so that the small test configurations exercise their bound and
 # rebuilds (with the production sizes a reservoir would hold every page of a test level).
+PRODUCTION_RESERVOIRS = (eviction_index.RESERVOIR_PAGES, eviction_index.MAX_PENDING_PAGES)
 Storage.check_eviction_index = True
 eviction_index.RESERVOIR_PAGES = 3
 eviction_index.MAX_PENDING_PAGES = 40
@@ -67,13 +68,7 @@ def production_eviction_index(check: bool = False):
     they produce (a full scan per selection of a 100K-page level costs more than the run)."""
     saved = (Storage.check_eviction_index, eviction_index.RESERVOIR_PAGES,
              eviction_index.MAX_PENDING_PAGES)
-    # The sizes as the module defines them (a fresh copy: this file's module body changed
-    # them, and would again if it were ever imported a second time under another name).
-    spec = importlib.util.find_spec(eviction_index.__name__)
-    fresh = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fresh)
-    eviction_index.RESERVOIR_PAGES = fresh.RESERVOIR_PAGES
-    eviction_index.MAX_PENDING_PAGES = fresh.MAX_PENDING_PAGES
+    eviction_index.RESERVOIR_PAGES, eviction_index.MAX_PENDING_PAGES = PRODUCTION_RESERVOIRS
     Storage.check_eviction_index = check
     try:
         yield

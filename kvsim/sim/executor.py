@@ -151,14 +151,12 @@ class SimExecutor:
         return max(seconds, 0.0)
 
     def _wait(self, seconds: float):
-        """``yield from``: a modelled delay, without an event when none is due before it ends
-        (:meth:`CountingEnvironment.fast_forward`)."""
-        seconds = self._jittered(seconds)
-        if not self.env.fast_forward(seconds):
-            yield self.env.timeout(seconds)
+        """``yield from``: a modelled delay (jittered, as :meth:`_jittered`)."""
+        return self._sleep(self._jittered(seconds))
 
     def _sleep(self, seconds: float):
-        """``yield from``: ``seconds`` of simulated time, as ``env.timeout`` (no jitter)."""
+        """``yield from``: ``seconds`` of simulated time, without an event when none is due
+        before they end (:meth:`CountingEnvironment.fast_forward`)."""
         if not self.env.fast_forward(seconds):
             yield self.env.timeout(seconds)
 

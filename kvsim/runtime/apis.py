@@ -25,6 +25,11 @@ class LockMode(Enum):
     NONE = "none"
 
 
+# A member's .value goes through a descriptor (slow in the lock's hot paths): each mode's string,
+# as Acquisition and CallRecord hold it, read once.
+MODE_VALUE: dict[LockMode, str] = {mode: mode.value for mode in LockMode}
+
+
 class UnknownApiError(ConfigError):
     """A label that names no API of the table."""
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from kvsim.runtime.apis import LockMode
+from kvsim.runtime.apis import MODE_VALUE, LockMode
 from kvsim.runtime.records import POLICIES, Acquisition, LockHazard, LockHazardError
+
+_EXCLUSIVE = MODE_VALUE[LockMode.EXCLUSIVE]
 
 
 class LockHolds:
@@ -35,7 +37,7 @@ class LockHolds:
         """
         if mode is LockMode.NONE:
             raise ValueError("LockMode.NONE takes no lock")
-        acq = Acquisition(thread, api, mode.value, now)
+        acq = Acquisition(thread, api, MODE_VALUE[mode], now)
         if self.owner == thread:
             self.owner_depth += 1
             acq.granted, acq.nested = now, True
@@ -59,19 +61,19 @@ class LockHolds:
         """Whether a queued request may take the lock now (a lock whose waiters re-test, as a
         condition variable's do): a writer when the lock is free and it is the first writer
         queued; a reader when no writer holds it and, under writer preference, none is queued."""
-        if acq.mode == LockMode.EXCLUSIVE.value:
+        if acq.mode == _EXCLUSIVE:
             return self.owner is None and not self.readers and queued_writers[0] is acq
         return self.owner is None and (self.policy == "reader" or not queued_writers)
 
     def _grant(self, acq: Acquisition, now: float, waiting: Iterable[Acquisition]) -> None:
         """Record ``acq`` as held from ``now``; a reader counts as passing every waiting writer."""
         acq.granted = now
-        if acq.mode == LockMode.EXCLUSIVE.value:
+        if acq.mode == _EXCLUSIVE:
             self.owner, self.owner_depth = acq.thread, 0
         else:
             self.readers[acq.thread] = 1
             for other in waiting:
-                if other.mode == LockMode.EXCLUSIVE.value:
+                if other.mode == _EXCLUSIVE:
                     other.readers_passed += 1
         self._held.setdefault(acq.thread, []).append(acq)
 

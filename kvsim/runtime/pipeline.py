@@ -32,7 +32,7 @@ from collections.abc import Callable, Generator, Iterator
 from typing import Any, NamedTuple
 
 from kvsim.manager import CopyBatch, KVCacheManager, WorkCounts
-from kvsim.runtime.apis import Api, LockMode
+from kvsim.runtime.apis import MODE_VALUE, Api, LockMode
 from kvsim.runtime.checks import DigestCache, DisciplineCheck, account_copies, invariant_violations
 from kvsim.runtime.records import CallRecord
 from kvsim.runtime.steps import Call, GpuWork, Now, Sleep, Step, Until
@@ -178,7 +178,7 @@ class CallLog:
     def new_record(self, thread: str, call: Call) -> CallRecord:
         # list.append is atomic under the GIL: real threads may call this at once
         rec = CallRecord(len(self.calls), thread, call.phase, call.api.label, call.args,
-                         call.api.mode.value, self.now())
+                         MODE_VALUE[call.api.mode], self.now())
         self.calls.append(rec)
         if self.progress is not None and len(self.calls) % 10_000 == 0:
             self.progress(f"{len(self.calls)} calls, {self.now():.3f} s in")

@@ -27,11 +27,13 @@ from collections.abc import Iterator
 
 import simpy
 
-from kvsim.runtime.apis import LockMode
+from kvsim.runtime.apis import MODE_VALUE, LockMode
 from kvsim.runtime.lock_holds import LockHolds
 from kvsim.runtime.records import Acquisition, LockHazardError
 
 __all__ = ["CondMutex", "LockHazardError", "ReentrantSharedMutex"]
+
+_EXCLUSIVE, _SHARED = MODE_VALUE[LockMode.EXCLUSIVE], MODE_VALUE[LockMode.SHARED]
 
 
 class ReentrantSharedMutex(LockHolds):
@@ -89,7 +91,7 @@ class ReentrantSharedMutex(LockHolds):
         :meth:`LockHolds._may_enter`). Granted: a succeeded event (value: the acquisition);
         otherwise an event that succeeds with ``None`` at the next release (then retry again)."""
         i, acq = next((i, a) for i, (a, _) in enumerate(self._waiting) if a.thread == thread)
-        writers = [a for a, _ in self._waiting if a.mode == LockMode.EXCLUSIVE.value]
+        writers = [a for a, _ in self._waiting if a.mode == _EXCLUSIVE]
         if self._may_enter(acq, writers):
             del self._waiting[i]
             self._grant(acq, self.env.now, self._waiting_acquisitions())
@@ -110,20 +112,20 @@ class ReentrantSharedMutex(LockHolds):
     def _dispatch(self) -> None:
         if self.owner is not None:
             return
-        writer_waiting = any(a.mode == LockMode.EXCLUSIVE.value for a, _ in self._waiting)
+        writer_waiting = any(a.mode == _EXCLUSIVE for a, _ in self._waiting)
         # Readers first: all of them under reader preference; under writer preference only
         # while no writer waits.
         if not (self.policy == "writer" and writer_waiting):
             keep: deque = deque()
             for acq, event in self._waiting:
-                if acq.mode == LockMode.SHARED.value:
+                if acq.mode == _SHARED:
                     self._grant_waiting(acq, event)
                 else:
                     keep.append((acq, event))
             self._waiting = keep
         if not self.readers and self._waiting:
             for i, (acq, event) in enumerate(self._waiting):
-                if acq.mode == LockMode.EXCLUSIVE.value:
+                if acq.mode == _EXCLUSIVE:
                     del self._waiting[i]
                     self._grant_waiting(acq, event)
                     break

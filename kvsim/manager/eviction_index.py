@@ -11,11 +11,6 @@ among (reservoir + reported pages, re-checked and re-keyed now) that rank within
 as there are ``n`` of them; otherwise the reservoir is rebuilt from a full scan. Selection results
 are exactly those of the full scan (``Storage.check_eviction_index`` asserts it in the tests).
 
-The reservoir keeps each page's key: a page not reported since it was ranked still has that key
-and is still evictable there (every change to its evictability, level or key is reported), so a
-selection ranks only the reported pages, not the whole reservoir again. Reported pages in
-the reservoir leave it and come back ranked afresh if they still qualify.
-
 The index is derived data: it never changes the manager's state and may be dropped at any time.
 """
 
@@ -36,12 +31,10 @@ MAX_PENDING_PAGES = 65536
 
 
 class _Reservoir:
-    __slots__ = ("ids", "keys", "bound_key", "bound_id", "complete", "pending", "pending_pages")
+    __slots__ = ("ids", "bound_key", "bound_id", "complete", "pending", "pending_pages")
 
-    def __init__(self, ids: np.ndarray, keys: np.ndarray, bound_key: int, bound_id: int,
-                 complete: bool) -> None:
-        self.ids = ids  # evictable pages of the cell when last ranked (any order)
-        self.keys = keys  # their eviction keys then
+    def __init__(self, ids: np.ndarray, bound_key: int, bound_id: int, complete: bool) -> None:
+        self.ids = ids
         self.bound_key = bound_key
         self.bound_id = bound_id
         self.complete = complete  # every evictable page was in it when built: no bound
@@ -60,12 +53,10 @@ class EvictionIndex:
         # With the storage's evictable counts, a rebuild takes the evictable pages from their
         # cells (in page id order: the gathers that rank them run in memory order) instead of
         # scanning the level, 2-3x cheaper on a level of 100K-300K pages, and a selection
-        # re-checks the reported pages with one gather of their cells instead of seven of the
-        # page table: the same pages, as long as every change is reported (the counts'
-        # discipline).
+        # re-checks its candidates with one gather of their cells instead of seven of the page
+        # table: the same pages, as long as every change is reported (the counts' discipline).
         self.counts = counts
         self._reservoirs: dict[tuple[int, int], _Reservoir] = {}
-        self._mark = np.zeros(0, dtype=bool)  # scratch, all False between calls
         self.selections = 0  # select() calls
         self.rebuilds = 0  # of which answered by a full scan
 
@@ -81,14 +72,6 @@ class EvictionIndex:
             res.pending_pages += ids.size
             if res.pending_pages > MAX_PENDING_PAGES:
                 del self._reservoirs[where]
-
-    def locked(self, ids: np.ndarray) -> None:
-        """Pages just locked: out of every reservoir now (they cannot be candidates until a
-        report unlocks them). Not a report: the reservoirs' pending counts do not grow."""
-        for res in self._reservoirs.values():
-            if res.ids.size:
-                keep = ~self._among(res.ids, ids)
-                res.ids, res.keys = res.ids[keep], res.keys[keep]
 
     def clear(self) -> None:
         self._reservoirs.clear()
@@ -108,40 +91,23 @@ class EvictionIndex:
         self.selections += 1
         res = self._reservoirs.get((level, group))
         if res is not None:
-            cand, keys = res.ids, res.keys
-            ranked = int(cand.size)
+            cand = res.ids
             if res.pending:
-                reported = unique_ids(np.concatenate(res.pending))
+                cand = unique_ids(np.concatenate([cand, *res.pending]))
                 res.pending, res.pending_pages = [], 0
-                stale = self._among(cand, reported)
-                if stale.any():
-                    cand, keys = cand[~stale], keys[~stale]
-                fresh = reported[self._here(reported, level, group)]
-                fresh_keys = eviction_keys(self.pages, fresh)
-                # ranked: the reservoir's pages and the reported ones that are evictable here
-                ranked = int(cand.size + fresh.size)
-                if not res.complete:
-                    inside = (fresh_keys < res.bound_key) | \
-                        ((fresh_keys == res.bound_key) & (fresh <= res.bound_id))
-                    fresh, fresh_keys = fresh[inside], fresh_keys[inside]
-                cand = np.concatenate([cand, fresh])
-                keys = np.concatenate([keys, fresh_keys])
-                res.ids, res.keys = cand, keys
+            # Re-checked even without reports: the reservoir itself need not be reported to.
+            cand = cand[self._here(cand, level, group)]
+            keys = eviction_keys(self.pages, cand)
+            ranked = int(cand.size)
+            if not res.complete:
+                inside = (keys < res.bound_key) | ((keys == res.bound_key) & (cand <= res.bound_id))
+                cand, keys = cand[inside], keys[inside]
+            res.ids = cand
             if cand.size >= n:
                 return first_in_order(cand, keys, n), int(cand.size), ranked
             if res.complete:
                 return None, int(cand.size), ranked
         return self._rebuild(level, group, n)
-
-    def _among(self, ids: np.ndarray, reported: np.ndarray) -> np.ndarray:
-        """Which of ``ids`` are in ``reported`` (one mark per page row, cleared after)."""
-        mark = self._mark
-        if mark.size < self.pages.capacity:
-            mark = self._mark = np.zeros(self.pages.capacity, dtype=bool)
-        mark[reported] = True
-        found = mark[ids]
-        mark[reported] = False
-        return found
 
     def _here(self, ids: np.ndarray, level: int, group: int) -> np.ndarray:
         """Which of ``ids`` are live pages of ``(level, group)`` that may be evicted now."""
@@ -159,12 +125,13 @@ class EvictionIndex:
         ranked = int(cand.size)
         size = max(RESERVOIR_PAGES, 2 * n)
         if cand.size <= size:
-            self._reservoirs[(level, group)] = _Reservoir(cand, keys, 0, 0, complete=True)
+            self._reservoirs[(level, group)] = _Reservoir(cand, 0, 0, complete=True)
             if cand.size < n:
                 return None, ranked, ranked
             return first_in_order(cand, keys, n), ranked, ranked
         kept = first_in_order(cand, keys, size)  # in eviction order: the last one is the bound
-        kept_keys = eviction_keys(self.pages, kept)
-        self._reservoirs[(level, group)] = _Reservoir(kept, kept_keys, int(kept_keys[-1]),
-                                                      int(kept[-1]), complete=False)
+        last = int(kept[-1])
+        bound_key = int(eviction_keys(self.pages, kept[-1:])[0])
+        self._reservoirs[(level, group)] = _Reservoir(np.sort(kept), bound_key, last,
+                                                      complete=False)
         return kept[:n], ranked, ranked

@@ -215,7 +215,9 @@ class KvCache:
                           for lc in m.layout.life_cycles}
         ours = self.active_pages()
         p.lockers[ours] += 1  # locked pages are never eviction candidates
-        storage.locked(ours)
+        # The eviction index re-checks its candidates when it selects; the evictable counts are
+        # read by statistics commits inside this call, so they hear of it now.
+        storage.counts.changed(ours)
         onboard = ours[p.level[ours] > 0]
         steps: list[EvictionStep] = []
         try:
@@ -266,7 +268,7 @@ class KvCache:
         ours = self.active_pages()
         # Held for the call's duration: none of our pages may be chosen to make room.
         p.lockers[ours] += 1
-        storage.locked(ours)
+        storage.counts.changed(ours)
         colder = ours[p.level[ours] > target]
         steps: list[EvictionStep] = []
         try:

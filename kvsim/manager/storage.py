@@ -88,13 +88,6 @@ class Storage:
         self.index.changed(ids)
         self.counts.changed(ids)
 
-    def locked(self, ids: np.ndarray) -> None:
-        """Report pages a call has just locked (as :meth:`changed`): locked pages are no
-        eviction candidates, so the index drops them from its reservoirs at once instead of
-        re-ranking them at the next selection; whatever unlocks them reports them then."""
-        self.index.locked(ids)
-        self.counts.changed(ids)
-
     def block_stats(self) -> np.ndarray:
         """(levels, pool groups, 3): available, unavailable and evictable blocks per cell."""
         out = np.zeros((self.layout.num_levels, self.layout.num_pool_groups, 3), dtype=np.int64)

@@ -84,10 +84,12 @@ def state_digest(mgr: KVCacheManager) -> dict[str, object]:
                        checksum(p.planned_drops)),
         "slot allocators": tuple((a.num_free, checksum(a.slot_to_page))
                                  for row in mgr.storage.allocators for a in row),
-        "radix tree roots": tuple(sorted(map(repr, tree.roots))),
+        # Sets and tuples of the scopes and cache ids themselves (hashable: they key dicts), not
+        # of their sorted reprs: the same comparison for a tenth of the cost.
+        "radix tree roots": frozenset(tree.roots),
         "radix tree nodes": (len(tree.nodes), tree._next_node_id),
-        "root-erase queue": tuple(map(repr, tree.pending_root_erasures)),
-        "living caches": tuple(sorted((repr(k), c.status.value) for k, c in mgr._caches.items())),
+        "root-erase queue": tuple(tree.pending_root_erasures),
+        "living caches": frozenset((k, c.status) for k, c in mgr._caches.items()),
         "statistics": (None if mgr.stats.peaks is None else mgr.stats.peaks.tobytes(),
-                       b"".join(v.tobytes() for v in mgr.stats.iteration.values())),
+                       [v.tobytes() for v in mgr.stats.iteration.values()]),
     }

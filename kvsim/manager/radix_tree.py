@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Hashable
-from functools import partial
-from itertools import takewhile
-from operator import is_not
 from typing import NamedTuple
 
 import numpy as np
@@ -109,6 +106,15 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return n if same.all() else int(np.argmin(same))
 
 
+def _up_to_miss(found: list) -> list:
+    """``found`` (lookups, None where a key missed) cut before its first None, in place."""
+    try:
+        del found[found.index(None):]
+    except ValueError:
+        pass
+    return found
+
+
 class RadixTree:
     def __init__(self, tokens_per_block: int) -> None:
         self.tokens_per_block = tokens_per_block
@@ -137,13 +143,13 @@ class RadixTree:
         keys = self.chains.cached(full_raw)
         by_key = root.nodes_by_key
         # Look the known keys up in one go; hash the rest only if every one of them was found
-        # (a walk that gets past them needs the rest).
-        # (Looked up until the first miss: takewhile over the lookups, all in C.)
-        found = partial(is_not, None)
-        nodes: list[Node] = list(takewhile(found, map(by_key.get, keys)))
+        # (a walk that gets past them needs the rest). Every key is looked up and the list cut
+        # at the first miss (map and list.index, in C): cheaper than stopping at the miss with
+        # a predicate called per key.
+        nodes: list[Node] = _up_to_miss(list(map(by_key.get, keys)))
         if len(nodes) == len(keys) and len(keys) < n_full:
             keys = self.chains.extend(full_raw, keys, n_full)
-            nodes += takewhile(found, map(by_key.get, keys[len(nodes):]))
+            nodes += _up_to_miss(list(map(by_key.get, keys[len(nodes):])))
         if len(nodes) < len(keys):
             return nodes, len(nodes) + 1, True
         if len(raw) > len(full_raw):

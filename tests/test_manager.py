@@ -585,3 +585,37 @@ def test_committing_after_the_tail_block_left_the_tree_reattaches_it():
     a.commit(tokens(5, 4))
     check_invariants(mgr)
     assert mgr.probe_reuse(tokens(1, 8)) == 8
+
+
+def test_a_remembered_walk_is_forgotten_when_the_tree_changes():
+    # probe_reuse remembers the walk of a prompt (RadixTree._walks) until a node is added or
+    # removed: each probe below must see the tree as it is after the call before it.
+    mgr = KVCacheManager(small_config(gpu_pages=8, host_pages=1, partial_reuse=False))
+
+    def probe(n: int) -> int:
+        """Tokens reused; the answer and the work counted are a fresh walk's."""
+        remembered = mgr.probe_reuse.with_plan(tokens(0, n))
+        mgr.tree._walks.clear()
+        fresh = mgr.probe_reuse.with_plan(tokens(0, n))
+        assert (remembered.value, remembered.plan.counts) == (fresh.value, fresh.plan.counts)
+        return fresh.value
+
+    keep = active(mgr, capacity=8)
+    keep.commit(tokens(100, 8))  # stays open: its blocks keep the scope's root in the tree
+    first = active(mgr, capacity=16)
+    first.commit(tokens(0, 16))
+    first.close()
+    assert probe(24) == 16
+    longer = active(mgr, capacity=24, toks=tokens(0, 24))
+    longer.commit(tokens(16, 8))  # two more blocks (RadixTree.add_chain)
+    assert probe(24) == 24
+    longer.close()
+    big = active(mgr, capacity=24)  # evicts the closed blocks: most leave the tree (_detach)
+    assert probe(24) == 4
+    big.close()
+    tail = active(mgr, capacity=6)
+    tail.commit(tokens(0, 4))
+    assert probe(6) == 4
+    tail.commit(tokens(4, 2))
+    tail.stop_committing()  # commits the partial block (RadixTree.add_node)
+    assert probe(6) == 6

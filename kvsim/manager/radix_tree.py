@@ -106,6 +106,9 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return n if same.all() else int(np.argmin(same))
 
 
+_WALKS_KEPT = 256  # walks remembered (the memo is dropped when it reaches this many)
+
+
 def _up_to_miss(found: list) -> list:
     """``found`` (lookups, None where a key missed) cut before its first None, in place."""
     try:
@@ -123,6 +126,11 @@ class RadixTree:
         self.pending_root_erasures: list[Hashable] = []
         self._next_node_id = 0
         self.chains = KeyChains(tokens_per_block)  # a cache of block keys, not state
+        # What walk() reads is the roots' key maps: every change to one bumps this, and a walk
+        # of the same tokens in the same scope at the same version has the same answer, kept in
+        # _walks (a cache, not state: probes of one prompt repeat while nothing commits).
+        self.version = 0
+        self._walks: dict[tuple[Hashable, bytes], tuple] = {}
 
     # -- read-only ---------------------------------------------------------------------------
     def walk(self, scope: Hashable, tokens: np.ndarray) -> tuple[list[Node], int, bool]:
@@ -140,7 +148,19 @@ class RadixTree:
         raw = tokens.astype("<u4", copy=False).tobytes()  # one conversion; blocks are slices
         n_full = len(raw) // width
         full_raw = raw[:n_full * width]
-        keys = self.chains.cached(full_raw)
+        keys = self.chains.cached(full_raw)  # (hashes full_raw once: the lookup below reuses it)
+        seen = self._walks.get((scope, full_raw))
+        if seen is not None and seen[0] == self.version and seen[1] == raw[len(full_raw):]:
+            return list(seen[2]), seen[3], seen[4]
+        nodes, hashed, missed = self._walk(root, raw, full_raw, n_full, keys)
+        if len(self._walks) >= _WALKS_KEPT:
+            self._walks = {}
+        self._walks[(scope, full_raw)] = (self.version, raw[len(full_raw):], list(nodes), hashed,
+                                          missed)
+        return nodes, hashed, missed
+
+    def _walk(self, root: Root, raw: bytes, full_raw: bytes, n_full: int,
+              keys: list[bytes]) -> tuple[list[Node], int, bool]:
         by_key = root.nodes_by_key
         # Look the known keys up in one go; hash the rest only if every one of them was found
         # (a walk that gets past them needs the rest). Every key is looked up and the list cut
@@ -214,6 +234,7 @@ class RadixTree:
         node = Node(self._next_node_id, key, root, parent, depth,
                     tokens.copy() if copy_tokens else tokens, pages)
         self._next_node_id += 1
+        self.version += 1
         root.nodes_by_key[key] = node
         (root.children if parent is None else parent.children)[key] = node
         if tokens.size < self.tokens_per_block:
@@ -240,11 +261,13 @@ class RadixTree:
             nodes[node_id] = node
             node_id += 1
         self._next_node_id = node_id
+        self.version += 1
         return node  # type: ignore[return-value]
 
     def _detach(self, node: Node) -> None:
         root = node.root
         del root.nodes_by_key[node.key]
+        self.version += 1
         siblings = root.children if node.parent is None else node.parent.children
         del siblings[node.key]
         if node.tokens.size < self.tokens_per_block:

@@ -149,14 +149,14 @@ class RadixTree:
         n_full = len(raw) // width
         full_raw = raw[:n_full * width]
         keys = self.chains.cached(full_raw)  # (hashes full_raw once: the lookup below reuses it)
+        tail = raw[len(full_raw):]
         seen = self._walks.get((scope, full_raw))
-        if seen is not None and seen[0] == self.version and seen[1] == raw[len(full_raw):]:
+        if seen is not None and seen[0] == self.version and seen[1] == tail:
             return list(seen[2]), seen[3], seen[4]
         nodes, hashed, missed = self._walk(root, raw, full_raw, n_full, keys)
         if len(self._walks) >= _WALKS_KEPT:
             self._walks = {}
-        self._walks[(scope, full_raw)] = (self.version, raw[len(full_raw):], list(nodes), hashed,
-                                          missed)
+        self._walks[(scope, full_raw)] = (self.version, tail, list(nodes), hashed, missed)
         return nodes, hashed, missed
 
     def _walk(self, root: Root, raw: bytes, full_raw: bytes, n_full: int,

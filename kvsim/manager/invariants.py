@@ -31,10 +31,17 @@ if TYPE_CHECKING:
     from kvsim.manager.manager import KVCacheManager
 
 
+def _count(ids: list[np.ndarray], capacity: int) -> np.ndarray:
+    """How many times each page id in ``[0, capacity)`` occurs in ``ids``."""
+    if not ids:
+        return np.zeros(capacity, dtype=np.int64)
+    return np.bincount(np.concatenate(ids).astype(np.intp, copy=False), minlength=capacity)
+
+
 def _check_storage(mgr: KVCacheManager, out: list[str]) -> None:
     p = mgr.storage.pages
     live = p.live_ids()
-    seen = np.zeros(p.capacity, dtype=np.int32)
+    in_slots: list[np.ndarray] = []  # every used slot's page, counted in one go below
     for lv, row in enumerate(mgr.storage.allocators):
         for g, alloc in enumerate(row):
             where = f"level {lv} pool group {g}"
@@ -51,7 +58,8 @@ def _check_storage(mgr: KVCacheManager, out: list[str]) -> None:
             if bad.any():
                 out.append(f"{where}: slots {used_slots[bad][:5].tolist()} name pages that do "
                            "not name them back")
-            np.add.at(seen, ids, 1)
+            in_slots.append(ids)
+    seen = _count(in_slots, p.capacity)
     if (seen[live] != 1).any():
         out.append(f"pages in {sorted(set(seen[live].tolist()))} slots, expected exactly 1: "
                    f"{live[seen[live] != 1][:5].tolist()}")
@@ -68,8 +76,8 @@ def _check_storage(mgr: KVCacheManager, out: list[str]) -> None:
 
 def _check_ownership(mgr: KVCacheManager, out: list[str]) -> None:
     p = mgr.storage.pages
-    holders = np.zeros(p.capacity, dtype=np.int64)
-    lockers = np.zeros(p.capacity, dtype=np.int64)
+    held: list[np.ndarray] = []  # pages held, one entry per holding (counted in one go below)
+    locked: list[np.ndarray] = []
     tpb = mgr.layout.tokens_per_block
     for cache in mgr.open_caches():
         name = f"cache {cache.cache_id!r}"
@@ -97,9 +105,9 @@ def _check_ownership(mgr: KVCacheManager, out: list[str]) -> None:
             if (p.life_cycle[ids] != lc.index).any() or \
                     (p.depth[ids] != np.flatnonzero(has)).any():
                 out.append(f"{name} life cycle {lc.index}: pages of another life cycle or block")
-            np.add.at(holders, ids, 1)
+            held.append(ids)
             if cache.status is CacheStatus.ACTIVE:
-                np.add.at(lockers, ids, 1)
+                locked.append(ids)
             aside = cache._held_stale[lc.index]
             if aside:
                 ords = np.fromiter(aside, dtype=np.int64)
@@ -113,7 +121,8 @@ def _check_ownership(mgr: KVCacheManager, out: list[str]) -> None:
                         (p.life_cycle[pages] != lc.index).any() or (p.depth[pages] != ords).any():
                     out.append(f"{name} life cycle {lc.index}: pages held aside are freed, "
                                "committed, or of another life cycle or block")
-                np.add.at(holders, pages, 1)
+                held.append(pages)
+    holders, lockers = _count(held, p.capacity), _count(locked, p.capacity)
     if (p.holders < 0).any() or (p.lockers < 0).any() or (p.planned_drops < 0).any():
         out.append("negative refcount")
     if (holders != p.holders).any():

@@ -194,11 +194,14 @@ class Statistics:
             # Storage does not change inside one batch, so every per-page re-sample would read
             # the same cells (the seed's own argument for its fix): sample once and reuse it.
             # The plan still counts one commit and one full scan per page, as KVCM2 did.
+            # Their deltas (one page each) add up to the batch's, and the peaks of one sample
+            # taken n times are that sample's: one commit, counted as n.
             sample = self._sampler()
-            unit = np.eye(self._n, dtype=np.int64)
-            for lc in life_cycles.tolist():
-                self.commit(_migration_delta(kind, unit[lc], self._page_bytes), counts,
-                            sample=sample)
+            blocks = np.bincount(life_cycles, minlength=self._n).astype(np.int64)
+            self.commit(_migration_delta(kind, blocks, self._page_bytes), counts, sample=sample)
+            more = life_cycles.size - 1
+            counts.stats_commits += more
+            counts.stats_scan_units += more * sample.shape[0] * sample.shape[1]
             return
         blocks = np.bincount(life_cycles, minlength=self._n).astype(np.int64)
         self.commit(_migration_delta(kind, blocks, self._page_bytes), counts)

@@ -406,7 +406,8 @@ class _Snapshot:
 
     A deep copy of everything the manager owns (page table, slot allocators, eviction index,
     radix tree, statistics, counters) and of each open cache's fields; the caches themselves,
-    the configuration and the sink are shared, so handles the caller holds stay valid.
+    the configuration and the sink are shared, so handles the caller holds stay valid, and so
+    are what never changes in place (the tree's block tokens and key chains).
     """
 
     def __init__(self, manager: KVCacheManager) -> None:
@@ -415,6 +416,13 @@ class _Snapshot:
         memo = {id(manager): manager, id(manager.config): manager.config,
                 id(manager.layout): manager.layout, id(manager.event_sink): manager.event_sink}
         memo.update({id(c): c for _, c in self.caches})
+        # Not copied: the tree's block tokens (never written after a node is made) and its key
+        # chains (a cache of pure functions of tokens), shared; its remembered walks name this
+        # tree's nodes, so the copy starts with none.
+        tree = manager.tree
+        memo.update({id(n.tokens): n.tokens for n in tree.nodes.values()})
+        memo[id(tree.chains)] = tree.chains
+        memo[id(tree._walks)] = {}
         owned = {k: v for k, v in vars(manager).items() if k not in _SHARED_FIELDS}
         fields = [{k: v for k, v in vars(c).items() if k != "_manager"} for _, c in self.caches]
         self.owned, self.fields = copy.deepcopy((owned, fields), memo)

@@ -1004,3 +1004,13 @@ def test_check_invariants_detects_a_duplicate_free_slot() -> None:
     free[0] = free[1]
     with pytest.raises(InvariantViolation, match="duplicate slots in the free list"):
         check_invariants(mgr)
+
+
+@pytest.mark.parametrize("bad", [-1, "num_slots"])
+def test_check_invariants_detects_a_free_slot_out_of_range(bad) -> None:
+    """A free list naming a slot the allocator does not have is reported, not an IndexError."""
+    mgr = KVCacheManager(REF_FULL)
+    alloc = mgr.storage.allocators[0][0]
+    alloc.free_slots()[0] = alloc.num_slots if bad == "num_slots" else bad
+    with pytest.raises(InvariantViolation, match=r"free list holds slots outside \[0, \d+\)"):
+        check_invariants(mgr)

@@ -3,7 +3,10 @@
 Each workload thread is a Python thread running :func:`kvsim.runtime.pipeline.thread_steps`;
 this module performs the pipeline's effects for real: the lock is the real
 :class:`~hw.rwlock.ThreadedSharedMutex` in the API's declared mode, the manager call is timed
-with ``time.perf_counter`` (that is its CPU time), the plan's copy batches go to the copier (real
+with ``time.perf_counter`` (that is its CPU time, ``cpu_ms``) and with ``time.thread_time`` (the
+thread's own CPU time in it, recorded as ``cpu_terms_us["thread_cpu"]``: the difference is time
+the thread spent off its CPU inside the call, waiting for the GIL or descheduled; a vCPU that is
+merely slow counts as CPU), the plan's copy batches go to the copier (real
 copies on a CUDA stream with :class:`hw.executor_copies`, or nothing with :class:`NullCopier`),
 sleeps sleep. Times are ``time.perf_counter`` seconds from the start of the run; copy start and
 end come from CUDA events converted to the same timeline by the copier. The run comes back as the
@@ -110,12 +113,13 @@ class HwExecutor:
         self._errors: list[str] = []
         self.thread_starts: dict[str, list[float]] = {}
         self._records_lock = threading.Lock()  # guards the recorder across threads
+        self._invoke_cpu = threading.local()  # each thread's last manager call's thread CPU
         p = pipeline
         self._handlers = {
             p.Python: _nothing, p.BindingWaits: _nothing, p.Nudge: _nothing,
             p.Callbacks: _nothing, p.LeaveBinding: _nothing, p.AcquireLock: self._do_acquire,
             p.Invoke: self._do_invoke,
-            p.SpendCpu: lambda e: (e.measured_s, {}), p.SubmitCopies: self._do_submit,
+            p.SpendCpu: self._do_cpu, p.SubmitCopies: self._do_submit,
             p.ReleaseLock: lambda e: self.lock.release(e.thread),
             p.WaitCopies: self._do_wait_copies, p.SleepFor: lambda e: time.sleep(e.seconds),
             p.SleepUntil: self._do_sleep_until, p.ReadClock: lambda e: self.now(),
@@ -143,9 +147,17 @@ class HwExecutor:
         return None
 
     def _do_invoke(self, e: pipeline.Invoke) -> tuple:
+        c0 = time.thread_time()
         t0 = time.perf_counter()
         outcome = e.call.invoke()
-        return outcome, time.perf_counter() - t0
+        wall = time.perf_counter() - t0
+        self._invoke_cpu.seconds = time.thread_time() - c0
+        return outcome, wall
+
+    def _do_cpu(self, e: pipeline.SpendCpu) -> tuple[float, dict]:
+        """The call's measured time, and its thread CPU time (module doc); the pipeline asks
+        right after the call, on the same thread."""
+        return e.measured_s, {"thread_cpu": round(self._invoke_cpu.seconds * 1e6, 3)}
 
     def _do_submit(self, e: pipeline.SubmitCopies) -> tuple[list[CopyRecord], float]:
         t0 = time.perf_counter()

@@ -23,6 +23,18 @@ def test_real_threads_show_reader_starvation_and_writer_preference_bounds_it():
     assert reader["violations"] == [] and writer["violations"] == []
 
 
+def test_each_call_records_its_thread_cpu_within_its_wall_time():
+    """cpu_terms_us["thread_cpu"]: the manager call's time.thread_time, at most its wall time
+    (cpu_ms) up to the clocks' resolution; the rest is time off the CPU inside the call."""
+    run = execute(load_scenario(BUGS / "probe_drain.yaml", [
+        "executor=hw", "hw.copier=none", "workload.probes_per_thread=20"]))
+    timed = [c for c in run["calls"] if c["cpu_ms"] is not None]
+    assert timed and all(set(c["cpu_terms_us"]) == {"thread_cpu"} for c in timed)
+    # thread_time ticks coarser than perf_counter on some kernels: allow 50 us of slack
+    assert all(0.0 <= c["cpu_terms_us"]["thread_cpu"] <= c["cpu_ms"] * 1e3 + 50.0 for c in timed)
+    assert sum(c["cpu_terms_us"]["thread_cpu"] for c in timed) > 0.0
+
+
 def test_a_recorded_hw_run_replays_in_the_simulator(tmp_path):
     trace = tmp_path / "run.jsonl"
     hw = execute(load_scenario(BUGS / "probe_drain.yaml", [

@@ -27,18 +27,32 @@ XZ = lzma.PRESET_EXTREME | 9
 
 
 # The slim form of a call: what kvsim validate and the concurrency judge read of a run's calls
-# (its times, lock times, CPU and copy figures; not its arguments or per-unit counts).
+# (its times, lock times, CPU and copy figures; not its arguments or per-unit counts), and, from
+# the hardware executor, the manager call's thread CPU time (``cpu_terms_us["thread_cpu"]``, in
+# ms; None from the simulator).
 SLIM_CALL_FIELDS = ("index", "thread", "phase", "api", "mode", "ok", "error", "start_ms",
                     "latency_ms", "lock_requested_ms", "lock_granted_ms", "lock_released_ms",
                     "lock_wait_ms", "cpu_ms", "submit_ms", "copies_done_ms", "offloaded_pages",
-                    "onboarded_pages", "dropped_pages")
+                    "onboarded_pages", "dropped_pages", "thread_cpu_ms")
+
+
+def _thread_cpu_ms(call: dict) -> float | None:
+    """The hardware executor's thread CPU time of the call, in ms (a slim call keeps its own)."""
+    if "cpu_terms_us" not in call:
+        return call.get("thread_cpu_ms")
+    us = (call["cpu_terms_us"] or {}).get("thread_cpu")
+    return None if us is None else us / 1e3
 
 
 def slim_calls(calls: list[dict]) -> list[dict]:
     """Each call cut to :data:`SLIM_CALL_FIELDS`, milliseconds to 0.1 us (far below what a
     perf_counter pair resolves on these hosts)."""
-    return [{k: (round(v, 4) if isinstance(v := c.get(k), float) else v) for k in SLIM_CALL_FIELDS}
-            for c in calls]
+    out = []
+    for c in calls:
+        c = {**c, "thread_cpu_ms": _thread_cpu_ms(c)}
+        out.append({k: (round(v, 4) if isinstance(v := c.get(k), float) else v)
+                    for k in SLIM_CALL_FIELDS})
+    return out
 
 
 def _text(path: Path) -> str:

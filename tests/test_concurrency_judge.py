@@ -26,7 +26,10 @@ CASES = ("probe_starvation.buggy", "probe_drain.fixed")  # cheap: ~1 s of simula
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("concurrency") / "call"
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(REPO), "CALIBRATE": "0",
+    # The repository first, then whatever the caller's path holds (dependencies installed
+    # with pip --target, as on the GPU machine).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": path, "CALIBRATE": "0",
            "GIL_BENCH": "0", "ROUNDS": "2", "CASES": " ".join(CASES)}
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)

@@ -35,8 +35,11 @@ PLAN_FULL = PLAN / "2026-12-03-plan-batches.json.xz"
 PLAN_JUDGE2 = PLAN / "2026-12-04-judge-2-summary.json"  # PROTOCOL-2.md's held-out judge
 PLAN_JUDGE3 = PLAN / "2026-12-04-judge-3-summary.json"  # PROTOCOL-3.md's judge (fit and judge in one run)
 CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
-# the latest pre-registered concurrency call (PROTOCOL-3); the first call's tally is kept beside it
-CONCURRENCY_3 = Path("concurrency") / "judge-3" / "concurrency-judge.json"
+CONCURRENCY_3 = Path("concurrency") / "judge-3" / "concurrency-judge.json"  # PROTOCOL-3
+# the latest pre-registered concurrency call (PROTOCOL-4, today's manager); the earlier calls'
+# tallies are kept beside it
+CONCURRENCY_4 = Path("concurrency") / "judge-4" / "concurrency-judge.json"
+EARLIER_CONCURRENCY = {"concurrency_first_call": CONCURRENCY, "concurrency_call_3": CONCURRENCY_3}
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {
@@ -118,13 +121,14 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     out["probe_history_files"] = files
     if (root / PLAN_REFIT).exists():
         out["plan_batches"] = plan_batches(root)
-    if (root / CONCURRENCY_3).exists():
-        out["concurrency"] = concurrency(root, CONCURRENCY_3)
-        if (root / CONCURRENCY).exists():
-            first = concurrency(root)
-            out["concurrency_first_call"] = {"from": first["from"], "tally": first["tally"]}
-    elif (root / CONCURRENCY).exists():
-        out["concurrency"] = concurrency(root)
+    latest = next((p for p in (CONCURRENCY_4, CONCURRENCY_3, CONCURRENCY) if (root / p).exists()),
+                  None)
+    if latest is not None:
+        out["concurrency"] = concurrency(root, latest)
+        for key, path in EARLIER_CONCURRENCY.items():
+            if path != latest and (root / path).exists():
+                earlier = concurrency(root, path)
+                out[key] = {"from": earlier["from"], "tally": earlier["tally"]}
     return out
 
 

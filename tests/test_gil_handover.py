@@ -448,3 +448,22 @@ def test_a_host_speed_factor_stretches_every_host_cost_of_a_preset(tmp_path):
         path.write_text(json.dumps(data | {"host_speed_factor": {"value": bad, "source": "t"}}))
         with pytest.raises(ConfigError, match=r"cpu\.json: host_speed_factor"):
             load_cpu_model(path)
+
+
+def test_a_grid_whose_losses_are_all_equal_is_refused_not_fitted(monkeypatch):
+    """Call 4's benchmark runs gave the same loss at all 60 points (the first point was taken
+    as the fit): a flat grid now raises, naming the loss and the estimate's median hold."""
+    import math
+
+    truth = Handover(hold=((0.0, 0.5, 1.0), (0.001, 0.004, 0.02)), starter_takeover_per_s=20.0)
+    cpu = python_cpu(thread_start_us=100.0)
+    measured = {2: gh.simulate(replace(cpu, gil_handover=truth),
+                               math.ceil(400 / (2 * gh.BENCH_PROBES)), threads=2, seed=2000)}
+    monkeypatch.setattr(gil_fit, "loss", lambda sim, meas: 81.5)
+    with pytest.raises(gil_fit.FlatFitError, match=r"every one of the 2 grid points.*81\.5000"
+                       r".*median hold: 4\.000 ms"):
+        gil_fit.fit(cpu, truth, measured, shares=(0.0, 0.5), exponents=(0.0,), scales=(1.0,),
+                    sim_probes=400, processes=1)
+    assert gil_fit.is_flat([{"loss": 1.0}, {"loss": 1.0 + 1e-12}])
+    assert not gil_fit.is_flat([{"loss": 1.0}, {"loss": 1.01}])
+    assert not gil_fit.is_flat([{"loss": 3.0}])  # one point: nothing to compare

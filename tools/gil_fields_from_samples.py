@@ -49,10 +49,14 @@ def main(argv: list[str]) -> int:
     # The host's speed over these runs first: the fit simulates the benchmark at that speed.
     est["host_speed"] = host_speed.factor(cpu_model_from_dict(preset, preset_file), runs)
     stretched = {**preset, "host_speed_factor": host_speed.preset_field(est["host_speed"], source)}
-    result = gil_fit.fit(cpu_model_from_dict(stretched, preset_file),
-                         gil_fit.estimated_handover(est), runs,
-                         progress=lambda m: print(m, file=sys.stderr),
-                         starter=gh.starter_observations(est))
+    try:
+        result = gil_fit.fit(cpu_model_from_dict(stretched, preset_file),
+                             gil_fit.estimated_handover(est), runs,
+                             progress=lambda m: print(m, file=sys.stderr),
+                             starter=gh.starter_observations(est))
+    except gil_fit.FlatFitError as exc:  # nothing fitted: leave the preset as it was
+        print(f"{preset_file}: not written: {exc}", file=sys.stderr)
+        return 2
     est["fit"] = gil_fit.summary(result)
     m = samples["machine"]
     fields = gil_fields(est, source, machine_label(m["node"], m["processor"], m["python"]))

@@ -140,10 +140,16 @@ def run(args: argparse.Namespace) -> int:
         from kvsim.calibration import gil_fit
 
         say("GIL hand-over: fitting the model to the benchmark's probe latencies")
-        result = gil_fit.fit(load_cpu_model(preset_file), gil_fit.estimated_handover(gil),
-                             gil_runs, progress=say, starter=gil_handover.starter_observations(gil))
-        gil["fit"] = gil_fit.summary(result)
-        write_preset()
+        try:
+            result = gil_fit.fit(load_cpu_model(preset_file), gil_fit.estimated_handover(gil),
+                                 gil_runs, progress=say,
+                                 starter=gil_handover.starter_observations(gil))
+        except gil_fit.FlatFitError as exc:  # the preset keeps the unfitted estimate, said
+            say(str(exc))
+            gil["fit_refused"] = str(exc)
+        else:
+            gil["fit"] = gil_fit.summary(result)
+            write_preset()
         samples_file.write_text(json.dumps(samples, indent=1) + "\n")
     judged = [abs(r["error_pct"]) for r in rows if r["role"] == "judge"]
     print(json.dumps({"preset": str(preset_file), "samples": str(samples_file), "unit_costs_us": costs,

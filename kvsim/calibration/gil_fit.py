@@ -149,6 +149,12 @@ def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
                          f"{row['recent_taker_share']:.1f}, waiter exponent "
                          f"{row['waiter_exponent']:+.1f}, hold scale {row['hold_scale']:.1f}: "
                          f"loss {row['loss']:.4f}")
+    if is_flat(evaluations):
+        raise FlatFitError(
+            f"GIL fit refused: every one of the {len(evaluations)} grid points gives the same loss "
+            f"({evaluations[0]['loss']:.4f}), so the benchmark runs do not constrain the hand-over "
+            f"(the estimate's median hold: {_median_hold_ms(estimated):.3f} ms); measure the "
+            "benchmark again, or keep the estimate unfitted")
     best = min(evaluations, key=lambda r: r["loss"])
     fitted = _with_knobs(estimated, best["recent_taker_share"], best["waiter_exponent"],
                          best["hold_scale"], starter)
@@ -158,6 +164,22 @@ def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
             "starter_takeover_per_s": fitted.starter_takeover_per_s, "loss": best["loss"],
             "measured": {n: vars(t) for n, t in meas.items()}, "simulated": best["simulated"],
             "simulated_probes_per_thread_count": sim_probes, "evaluations": evaluations}
+
+
+def _median_hold_ms(h: Handover) -> float:
+    probs, seconds = h.hold
+    return float(np.interp(0.5, probs, seconds)) * 1e3
+
+
+class FlatFitError(ValueError):
+    """The grid's losses are all equal: nothing was fitted (the best point would be the first)."""
+
+
+def is_flat(evaluations: list[dict]) -> bool:
+    """Whether more than one grid point was evaluated and all gave the same loss (to 1e-9
+    relative): then the least loss picks the grid's first point, not a fit."""
+    losses = [r["loss"] for r in evaluations]
+    return len(losses) > 1 and max(losses) - min(losses) <= 1e-9 * max(1.0, abs(max(losses)))
 
 
 def summary(result: dict) -> dict:

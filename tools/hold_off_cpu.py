@@ -97,7 +97,13 @@ def summary(runs: list[dict]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvsim.calibration.concurrency_judge import CASES, cpu_model_arg, default_root, load_runs
+    from kvsim.calibration.concurrency_judge import (
+        CASES,
+        cpu_model_arg,
+        default_root,
+        load_runs,
+        predict_runs,
+    )
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("measured")
@@ -114,10 +120,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         row = {"measured": summary([r.results for r in done])}
         if a.cpu_model:
-            from kvsim.calibration.concurrency_judge import case_scenario, predict_run
-
-            base = case_scenario(case, "sim", cpu_model_arg(a.cpu_model), default_root())
-            row["predicted"] = summary([predict_run(base, r.round) for r in done])
+            row["predicted"] = summary(predict_runs(case, [r.round for r in done],
+                                                    cpu_model_arg(a.cpu_model), default_root()))
         out["cases"][case.name] = row
         m, pr = row["measured"], row.get("predicted", {})
         print(f"{case.name}: readers off-CPU p50 {m['readers'].get('off_cpu_ms', {}).get('p50')} ms "

@@ -141,16 +141,14 @@ def derived(cases: dict) -> dict:
     }
 
 
-def predict(case, rounds: list[int], cpu: str, root: Path) -> list[dict]:
-    """The judge's predictions of the case's runs (``concurrency_judge.predict_run``)."""
-    from kvsim.calibration.concurrency_judge import case_scenario, predict_run
-
-    base = case_scenario(case, "sim", cpu, root)
-    return [predict_run(base, r) for r in rounds]
-
-
 def main(argv: list[str] | None = None) -> int:
-    from kvsim.calibration.concurrency_judge import CASES, cpu_model_arg, default_root, load_runs
+    from kvsim.calibration.concurrency_judge import (
+        CASES,
+        cpu_model_arg,
+        default_root,
+        load_runs,
+        predict_runs,
+    )
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("measured")
@@ -169,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         done = [r for r in runs.get(case.name, []) if r.status == "ok"]
         t0 = time.perf_counter()
-        preds = predict(case, [r.round for r in done], cpu, root)
+        preds = predict_runs(case, [r.round for r in done], cpu, root)
         out["cases"][case.name] = {"measured": summary([r.results for r in done]),
                                    "predicted": summary(preds)}
         print(f"{case.name}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)

@@ -472,16 +472,19 @@ def predict_run(base, round_no: int) -> dict:
     return slim(execute(replace(base, sim=replace(base.sim, gil_seed=base.seed + round_no - 1))))
 
 
+def predict_runs(case: Case, rounds: list[int], cpu_model: str, root: Path) -> list[dict]:
+    """The simulator's predictions of ``case``'s runs of ``rounds`` (:func:`predict_run`)."""
+    base = case_scenario(case, "sim", cpu_model, root)
+    return [predict_run(base, r) for r in rounds]
+
+
 def judge_case(case: Case, runs: list[Run], executor: str, cpu_model: str, root: Path) -> dict:
     judged = [r for r in runs if r.status in ("ok", "hang")]
     done = [r for r in judged if r.status == "ok"]
-    preds = []
-    base = case_scenario(case, "sim", cpu_model, root)
-    for r in judged:  # one prediction per judged run
-        p = predict_run(base, r.round)
+    preds = predict_runs(case, [r.round for r in judged], cpu_model, root)  # one per judged run
+    for r, p in zip(judged, preds):
         if r.status == "ok":
             _check_same_case(r, r.results, p, executor)
-        preds.append(p)
     pred_done = [p for r, p in zip(judged, preds) if r.status == "ok"]
     out: dict = {"file": case.file, "variant": case.variant, "knobs": list(case.knobs),
                  "common_overrides": list(COMMON),

@@ -49,9 +49,9 @@ def slim_calls(calls: list[dict]) -> list[dict]:
     perf_counter pair resolves on these hosts)."""
     out = []
     for c in calls:
-        c = {**c, "thread_cpu_ms": _thread_cpu_ms(c)}
-        out.append({k: (round(v, 4) if isinstance(v := c.get(k), float) else v)
-                    for k in SLIM_CALL_FIELDS})
+        row = {k: c.get(k) for k in SLIM_CALL_FIELDS}
+        row["thread_cpu_ms"] = _thread_cpu_ms(c)
+        out.append({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     return out
 
 

@@ -54,7 +54,7 @@ def _check_storage(mgr: KVCacheManager, out: list[str]) -> None:
                 out.append(f"{where}: free list holds slots outside [0, {alloc.num_slots})")
                 continue
             # (a count per slot: linear, where de-duplicating by a sort was most of the check)
-            if free.size > 1 and np.bincount(free, minlength=alloc.num_slots).max() > 1:
+            if free.size > 1 and _count([free], alloc.num_slots).max() > 1:
                 out.append(f"{where}: duplicate slots in the free list")
             if (alloc.slot_to_page[free] >= 0).any():
                 out.append(f"{where}: a slot in the free list holds a page")

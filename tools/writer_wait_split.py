@@ -121,14 +121,16 @@ def derived(cases: dict) -> dict:
     m_alone = [(c["measured"]["after_holder_alone"]["n"], c["measured"]["after_holder_alone"]["p50_ms"],
                 c["predicted"]["after_holder_alone"]["p50_ms"], n) for n, c in cases.items()]
     m = [x for x in m_alone if x[0] and x[1] is not None and x[2] is not None]
-    test_us = median_of(judge_free) * 1e3
+    # Either term is None where no run or case gives it (call 4's model queued no writer).
+    free_ms = median_of(judge_free)
+    test_us = None if free_ms is None else free_ms * 1e3
     excess = median_of([(a - b) * 1e3 for _k, a, b, _n in m])
     return {
-        "lock_test_us": round(test_us, 2),
+        "lock_test_us": None if test_us is None else round(test_us, 2),
         "lock_test_us_rule": "median of the judge's writer wait (starvation.longest_writer_wait_ms, "
                              "the lock log's) over the runs whose longest writer found the lock "
                              "free (no other thread's hold overlapped its wait)",
-        "lock_wake_us": round(excess - test_us, 2),
+        "lock_wake_us": None if excess is None or test_us is None else round(excess - test_us, 2),
         "lock_wake_us_rule": "per case, the median release-to-grant latency of writers granted "
                              "after a holder with no other waiter (woken == 0), measured less "
                              "predicted; the median over the cases with such grants on both "

@@ -349,6 +349,11 @@ def test_the_python_manager_model_starves_the_writer_only_under_reader_preferenc
     assert variants["fixed"]["starvation"]["readers_entered_while_waiting"] == 0
 
 
+# Probes per thread of the fit tests' "measured" runs: fewer than the benchmark's, so that they
+# also check that the fit simulates the benchmark as it was measured.
+FIT_PROBES = 400
+
+
 def test_the_fit_finds_the_knobs_that_made_the_latencies():
     """"Measured" runs made by the simulator itself at hold scale 2 and taker share 0.5, with
     the seeds the fit uses: the fit's grid point with those knobs reproduces them exactly."""
@@ -358,15 +363,29 @@ def test_the_fit_finds_the_knobs_that_made_the_latencies():
     cpu = python_cpu(thread_start_us=100.0)
     made = replace(cpu, gil_handover=replace(truth, hold=(truth.hold[0], (0.002, 0.008, 0.04)),
                                              recent_taker_share=0.5))
-    measured = {n: gh.simulate(made, math.ceil(1600 / (n * gh.BENCH_PROBES)), threads=n,
-                               seed=1000 * n) for n in (2, 4)}
+    measured = {n: gh.simulate(made, math.ceil(1600 / (n * FIT_PROBES)), threads=n,
+                               probes=FIT_PROBES, seed=1000 * n) for n in (2, 4)}
     result = gil_fit.fit(cpu, truth, measured, shares=(0.0, 0.5), exponents=(0.0,),
                          scales=(1.0, 2.0), sim_probes=1600, processes=1)
     assert (result["hold_scale"], result["recent_taker_share"]) == (2.0, 0.5)
     assert result["loss"] == 0.0 and len(result["evaluations"]) == 4
+    assert result["probes_per_thread"] == {2: FIT_PROBES, 4: FIT_PROBES} != gh.BENCH_PROBES
     assert result["handover"].hold[1] == pytest.approx((0.002, 0.008, 0.04))
     others = [r["loss"] for r in result["evaluations"] if r["loss"] > 0]
     assert len(others) == 3  # the other points miss the targets
+
+
+def test_the_probes_per_thread_are_read_from_the_runs_and_must_agree():
+    starts = {"a": (0.0, 0.0), "b": (0.0, 0.0)}
+    run = gh.HandoverRun([("a", 0.0, 1.0), ("b", 1.0, 2.0), ("a", 2.0, 3.0), ("b", 3.0, 4.0)],
+                         starts)
+    assert gh.probes_per_thread([run, run]) == 2
+    short = gh.HandoverRun(run.calls[:3], starts)  # b made one probe
+    with pytest.raises(ValueError, match=r"different numbers of probes: \[1, 2\]"):
+        gh.probes_per_thread([run, short])
+    idle = gh.HandoverRun(run.calls[:2], starts | {"c": (0.0, 0.0)})  # c made none
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        gh.probes_per_thread([idle])
 
 
 def test_fit_targets_count_probes_over_three_times_the_median():
@@ -393,8 +412,8 @@ def test_the_fit_gives_the_starter_the_rate_of_its_chosen_exponent():
                      waiter_exponent=-1.0)
     cpu = python_cpu(thread_start_us=100.0)
     made = replace(cpu, gil_handover=truth)
-    measured = {n: gh.simulate(made, math.ceil(1600 / (n * gh.BENCH_PROBES)), threads=n,
-                               seed=1000 * n) for n in (2, 4)}
+    measured = {n: gh.simulate(made, math.ceil(1600 / (n * FIT_PROBES)), threads=n,
+                               probes=FIT_PROBES, seed=1000 * n) for n in (2, 4)}
     starter = ([(0.01, 1), (0.01, 3)], 2)
     result = gil_fit.fit(cpu, replace(truth, waiter_exponent=0.0), measured, shares=(0.0,),
                          exponents=(0.0, -1.0), scales=(1.0,), sim_probes=1600, processes=1,
@@ -458,7 +477,8 @@ def test_a_grid_whose_losses_are_all_equal_is_refused_not_fitted(monkeypatch):
     truth = Handover(hold=((0.0, 0.5, 1.0), (0.001, 0.004, 0.02)), starter_takeover_per_s=20.0)
     cpu = python_cpu(thread_start_us=100.0)
     measured = {2: gh.simulate(replace(cpu, gil_handover=truth),
-                               math.ceil(400 / (2 * gh.BENCH_PROBES)), threads=2, seed=2000)}
+                               math.ceil(400 / (2 * FIT_PROBES)), threads=2,
+                               probes=FIT_PROBES, seed=2000)}
     monkeypatch.setattr(gil_fit, "loss", lambda sim, meas: 81.5)
     with pytest.raises(gil_fit.FlatFitError, match=r"every one of the 2 grid points.*81\.5000"
                        r".*median hold: 4\.000 ms"):
@@ -467,3 +487,21 @@ def test_a_grid_whose_losses_are_all_equal_is_refused_not_fitted(monkeypatch):
     assert gil_fit.is_flat([{"loss": 1.0}, {"loss": 1.0 + 1e-12}])
     assert not gil_fit.is_flat([{"loss": 1.0}, {"loss": 1.01}])
     assert not gil_fit.is_flat([{"loss": 3.0}])  # one point: nothing to compare
+
+
+def test_the_bench_runs_tool_appends_one_run_per_thread_count_with_its_probe_count(tmp_path):
+    from conftest import load_tool
+
+    out = tmp_path / "bench.jsonl"
+    tool = load_tool("gil_bench_runs")
+    assert tool.main([str(out), "2", "3", "--probes", "30"]) == 0
+    assert tool.main([str(out), "2", "--probes", "20"]) == 0  # appends
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["threads"], r["probes_per_thread"], len(r["calls"])) for r in rows] == \
+        [(2, 30, 60), (3, 30, 90), (2, 20, 40)]
+    runs = gh.runs_from_json(rows)
+    assert gh.probes_per_thread(runs[3]) == 30
+    with pytest.raises(ValueError, match=r"\[20, 30\]"):
+        gh.probes_per_thread(runs[2])  # two runs of different lengths
+    with pytest.raises(SystemExit):
+        tool.main([str(out), "2", "--probes", "0"])

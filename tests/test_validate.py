@@ -36,7 +36,8 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # sources name repo-relative files
     m = Path("reports") / "measurements" / "h200"
     rc = main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet", "--gil-runs", "1",
-               "--no-gil-fit", "--copy-measurement", str(m / "2026-12-02-copy-bench.json"),
+               "--gil-probes", "100", "--no-gil-fit",
+               "--copy-measurement", str(m / "2026-12-02-copy-bench.json"),
                "--plan-copies", str(m / "2026-12-02-plan-copies.json"),
                "--link-wake", str(m / "2026-12-02-link-wake.json"), "--plan-batches",
                "reports/validation-h200/plan-batches/2026-12-03-plan-batches.json.xz",
@@ -53,11 +54,27 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     gil = json.loads(samples.read_text())["gil_handover"]
     assert [r["threads"] for r in gil["raw_runs"]] == [4, 12]  # one run per thread count
     assert gil["benchmark"]["runs_per_thread_count"] == 1 and "fit" not in gil
+    assert gil["benchmark"]["probes_per_thread"] == 100
+    assert [len(r["calls"]) for r in gil["raw_runs"]] == [4 * 100, 12 * 100]
     (cpu,) = [p for p in tmp_path.glob("kvsim-python-*.json") if p != samples]
     fields = json.loads(cpu.read_text())
     assert fields["thread_start_us"]["value"] > 0
     assert fields["gil_recent_taker_share"] == {"value": 0.0, "source": "not fitted: a waiter "
                                                                       "picked at random"}
+
+
+def test_calibrate_refuses_a_probe_count_below_one_before_measuring(tmp_path, capsys):
+    import pytest
+
+    from kvsim.cli import main
+
+    for bad, says in (("0", "at least 1 probe per thread, got 0"),
+                      ("many", "a whole number of probes, got 'many'")):
+        with pytest.raises(SystemExit) as exc:
+            main(["calibrate", "--out", str(tmp_path / "out"), "--gil-probes", bad])
+        assert exc.value.code == 2
+        assert f"--gil-probes: {says}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing measured, nothing written
 
 
 def test_calibrate_fits_the_gil_hand_over_by_simulating_its_benchmark(tmp_path, monkeypatch):
@@ -77,10 +94,12 @@ def test_calibrate_fits_the_gil_hand_over_by_simulating_its_benchmark(tmp_path, 
     monkeypatch.setattr(gil_fit, "GRID_SCALES", (0.8,))
     monkeypatch.setattr(gil_fit, "SIM_PROBES", 400)
     assert main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet",
-                 "--gil-runs", "1", "--name", "fitted"]) == 0
+                 "--gil-runs", "1", "--gil-probes", "400", "--name", "fitted"]) == 0
     fit = json.loads((tmp_path / "fitted-samples.json").read_text())["gil_handover"]["fit"]
     assert (fit["recent_taker_share"], fit["waiter_exponent"], fit["hold_scale"]) == (0.3, -0.5, 0.8)
     assert sorted(fit["measured"]) == ["12", "4"] and len(fit["evaluations"]) == 1
+    # the fit simulated the benchmark as it was run: 400 probes per thread, not the default
+    assert fit["probes_per_thread"] == {"4": 400, "12": 400}
     handover = load_cpu_model(tmp_path / "fitted.json").gil_handover
     assert (handover.recent_taker_share, handover.waiter_exponent) == (0.3, -0.5)
     # The starter's rate at the fitted exponent, from the starter's own waits.

@@ -2,7 +2,10 @@
 Lines file: the fit set of the simulator's GIL model, made between the validation scenario's runs
 (tools/interleaved_runs.sh) so both see the machine in the same state.
 
-    python3 tools/gil_bench_runs.py OUT.jsonl THREADS [THREADS ...]
+    python3 tools/gil_bench_runs.py OUT.jsonl THREADS [THREADS ...] [--probes N]
+
+``--probes``: probes per thread (default the benchmark's,
+:data:`kvsim.calibration.gil_handover.BENCH_PROBES`).
 
 Each line: {"threads", "probes_per_thread", "probe_tokens", "calls": [[thread, start_s, end_s]],
 "thread_starts": {thread: [start_called_s, began_s]}}. One warm-up run (the first thread count)
@@ -11,6 +14,7 @@ comes first and is not written.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -18,15 +22,18 @@ from kvsim.calibration import gil_handover as gh
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        print(__doc__, file=sys.stderr)
-        return 2
-    out, counts = argv[0], [int(a) for a in argv[1:]]
-    gh.measure(0, threads=counts[0])  # the warm-up run alone
-    with open(out, "a") as f:
-        for n in counts:
-            (run,) = gh.measure(1, threads=n, warm_up=False)
-            f.write(json.dumps({"threads": n, "probes_per_thread": gh.BENCH_PROBES,
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("threads", type=int, nargs="+")
+    ap.add_argument("--probes", type=int, default=gh.BENCH_PROBES)
+    args = ap.parse_args(argv)
+    if args.probes < 1 or min(args.threads) < 1:
+        ap.error("--probes and every thread count must be at least 1")
+    gh.measure(0, threads=args.threads[0], probes=args.probes)  # the warm-up run alone
+    with open(args.out, "a") as f:
+        for n in args.threads:
+            (run,) = gh.measure(1, threads=n, probes=args.probes, warm_up=False)
+            f.write(json.dumps({"threads": n, "probes_per_thread": args.probes,
                                 "probe_tokens": gh.BENCH_PROBE_TOKENS, "calls": run.calls,
                                 "thread_starts": run.thread_starts}) + "\n")
     return 0

@@ -28,6 +28,17 @@ from kvsim.errors import KvsimError
 from kvsim.output_dir import open_output_dir
 
 
+def _count_of_probes(text: str) -> int:
+    """An argparse ``type``: a whole number of probes, at least 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of probes, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 probe per thread, got {n}")
+    return n
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("calibrate", help="measure this machine; write a CPU cost preset (and a "
                                          "hardware JSON from copy measurements)")
@@ -37,6 +48,10 @@ def add_parser(sub) -> None:
                    help="repeats of each CPU-cost measurement (default 5)")
     p.add_argument("--gil-runs", type=int, default=6,
                    help="runs of the GIL hand-over benchmark per thread count (0: skip it)")
+    p.add_argument("--gil-probes", type=_count_of_probes, default=None, metavar="N",
+                   help="probes per thread of the GIL hand-over benchmark (default "
+                        f"{gil_handover.BENCH_PROBES}: fewer leave the threads hardly overlapping "
+                        "on a fast manager, and nothing to fit)")
     p.add_argument("--no-gil-fit", action="store_true",
                    help="keep the GIL hand-over as estimated (skip the fit by simulation, "
                         "a few minutes; tools/gil_fields_from_samples.py can do it later)")
@@ -87,14 +102,15 @@ def run(args: argparse.Namespace) -> int:
     lock = host_overhead.lock_costs()
     overhead = host_overhead.executor_call_overhead()
     gil, gil_runs = None, {}
+    probes = gil_handover.BENCH_PROBES if args.gil_probes is None else args.gil_probes
     if args.gil_runs > 0:
         for n in gil_handover.BENCH_THREAD_COUNTS:
-            say(f"GIL hand-over: {args.gil_runs} runs of {n} threads x "
-                f"{gil_handover.BENCH_PROBES} probes")
-            gil_runs[n] = gil_handover.measure(args.gil_runs, threads=n, progress=say)
+            say(f"GIL hand-over: {args.gil_runs} runs of {n} threads x {probes} probes")
+            gil_runs[n] = gil_handover.measure(args.gil_runs, threads=n, probes=probes,
+                                               progress=say)
         gil = gil_handover.estimate([r for runs in gil_runs.values() for r in runs])
         gil["benchmark"] = {"thread_counts": list(gil_handover.BENCH_THREAD_COUNTS),
-                            "probes_per_thread": gil_handover.BENCH_PROBES,
+                            "probes_per_thread": probes,
                             "probe_tokens": gil_handover.BENCH_PROBE_TOKENS,
                             "runs_per_thread_count": args.gil_runs, "warm_up_runs": 1}
         gil["raw_runs"] = [{"threads": n, "calls": r.calls, "thread_starts": r.thread_starts}

@@ -21,10 +21,10 @@ starts the threads at the wrong pace (on the H200 host, 1.7x too slowly at the f
 **Targets**, for each thread count measured: the share of probes *interrupted* (latency over
 3x the median of that thread count's probes) and the median latency of those. **Loss**: the sum
 of squared log ratios simulated/measured. **Search**: a grid over the three knobs, every point
-simulated (about 30,000 probes per thread count; worker processes share the points), the least
-loss wins. The response is too noisy and too far from linear for steps from point to point:
-a shorter hold means more takeovers but shorter waits, so fewer probes cross the threshold. Every
-simulation is seeded, so a fit is repeatable.
+simulated (about 30,000 probes per thread count, as many per thread as the measured runs made;
+worker processes share the points), the least loss wins. The response is too noisy and too far
+from linear for steps from point to point: a shorter hold means more takeovers but shorter
+waits, so fewer probes cross the threshold. Every simulation is seeded, so a fit is repeatable.
 """
 
 from __future__ import annotations
@@ -98,13 +98,13 @@ def _with_knobs(estimated: Handover, share: float, exponent: float, scale: float
 
 
 def _evaluate(args: tuple) -> dict:
-    cpu, estimated, point, meas_counts, sim_probes, starter = args
+    cpu, estimated, point, probes_per_thread, sim_probes, starter = args
     share, exponent, scale = point
     model = replace(cpu, gil_handover=_with_knobs(estimated, share, exponent, scale, starter))
     sim = {}
-    for n in meas_counts:
-        runs = max(1, math.ceil(sim_probes / (n * gh.BENCH_PROBES)))
-        sim[n] = targets(gh.simulate(model, runs, threads=n, seed=1000 * n))
+    for n, probes in probes_per_thread.items():
+        runs = max(1, math.ceil(sim_probes / (n * probes)))
+        sim[n] = targets(gh.simulate(model, runs, threads=n, probes=probes, seed=1000 * n))
     return {"recent_taker_share": share, "waiter_exponent": exponent, "hold_scale": scale,
             "simulated": {n: vars(t) for n, t in sim.items()}}
 
@@ -130,8 +130,10 @@ def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
     scales = GRID_SCALES if scales is None else scales
     sim_probes = SIM_PROBES if sim_probes is None else sim_probes
     meas = {n: targets(r) for n, r in sorted(measured.items())}
+    # The benchmark simulated as it was measured: as many probes per thread.
+    probes_per_thread = {n: gh.probes_per_thread(measured[n]) for n in meas}
     points = [(sh, ex, sc) for sh in shares for ex in exponents for sc in scales]
-    jobs = [(cpu, estimated, p, tuple(meas), sim_probes, starter) for p in points]
+    jobs = [(cpu, estimated, p, probes_per_thread, sim_probes, starter) for p in points]
     processes = processes or min(len(points), os.cpu_count() or 1)
     evaluations = []
     with contextlib.ExitStack() as stack:
@@ -163,7 +165,8 @@ def fit(cpu, estimated: Handover, measured: dict[int, list[gh.HandoverRun]],
             "recent_taker_share": best["recent_taker_share"],
             "starter_takeover_per_s": fitted.starter_takeover_per_s, "loss": best["loss"],
             "measured": {n: vars(t) for n, t in meas.items()}, "simulated": best["simulated"],
-            "simulated_probes_per_thread_count": sim_probes, "evaluations": evaluations}
+            "simulated_probes_per_thread_count": sim_probes,
+            "probes_per_thread": probes_per_thread, "evaluations": evaluations}
 
 
 def _median_hold_ms(h: Handover) -> float:

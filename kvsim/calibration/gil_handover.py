@@ -63,7 +63,14 @@ from kvsim.workloads.concurrent_probe import prober
 # (tools/gil_handover_shapes.py).
 BENCH_THREADS = 6
 BENCH_THREAD_COUNTS = (4, 12)
-BENCH_PROBES = 400
+# Each thread's probes must outlast the starter's waits (tens of ms each: the main thread waits
+# for the GIL to start the next thread), or the threads hardly overlap and hold the GIL to the
+# end of their work: nothing is taken over. 400 sufficed for the probe of 2026-12-04 (~0.28 ms on
+# the H200 host); once the walk memo made it ~0.07 ms, concurrency call 4's 32 runs gave 274 holds,
+# a thread's 400 probes in one streak, and a flat fit (reports/validation-h200/concurrency/
+# README.md, call 4). 4000 gives holds ended by takeovers again (the same README, GIL benchmark
+# of 4000 probes).
+BENCH_PROBES = 4000
 BENCH_PROBE_TOKENS = 4096
 # Where the hold distribution is tabulated (the simulator interpolates between).
 DELAY_PROBS = np.array([0.0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95,
@@ -98,6 +105,21 @@ def bench_threads(manager: KVCacheManager, fillers: list[np.ndarray], threads: i
                   probes: int, probe_tokens: int) -> dict[str, Iterator[Step]]:
     return {f"probe{i}": prober(manager, fillers[i % len(fillers)][:probe_tokens], probes, 0.0)
             for i in range(threads)}
+
+
+def probes_per_thread(runs: list[HandoverRun]) -> int:
+    """How many probes each thread of ``runs`` made: the benchmark gives every thread the same
+    number, which a simulation of it must repeat (ValueError if the runs disagree)."""
+    counts: set[int] = set()
+    for run in runs:
+        per_thread = dict.fromkeys(run.thread_starts, 0)
+        for thread, _s, _e in run.calls:
+            per_thread[thread] = per_thread.get(thread, 0) + 1
+        counts.update(per_thread.values())
+    if len(counts) != 1:
+        raise ValueError(f"GIL benchmark runs whose threads made different numbers of probes: "
+                         f"{sorted(counts)}")
+    return counts.pop()
 
 
 def run_of(calls, thread_starts: dict[str, list[float]]) -> HandoverRun:

@@ -434,6 +434,52 @@ def test_lock_retest_us_prices_a_woken_waiters_retest_apart_from_the_first_test(
     assert not slow["deadlocks"] and all(c["ok"] for c in slow["calls"])
 
 
+def test_call_cpu_spread_scales_each_calls_cpu_by_a_seeded_draw(tmp_path):
+    """call_cpu_spread: each manager call's modelled CPU is multiplied by a draw from the table
+    (here 1x-3x), the same draws for the same seed; without it every probe costs the same."""
+    plain, spread = _preset_files(tmp_path, call_cpu_spread={"probs": [0, 1],
+                                                             "ratios": [1.0, 3.0]})
+    try:
+        runs = [_run_with(tmp_path, ONE_PROBER, p.name) for p in (plain, spread, spread)]
+    finally:
+        plain.unlink()
+        spread.unlink()
+
+    def cpu(r):
+        return [c["cpu_ms"] for c in r["calls"] if c["thread"] == "probe0"]
+
+    base = cpu(runs[0])
+    assert len(base) == 25 and max(base) == pytest.approx(min(base))  # identical probes
+    ratios = [x / base[0] for x in cpu(runs[1])]
+    assert all(1.0 - 1e-9 <= x <= 3.0 + 1e-9 for x in ratios) and max(ratios) - min(ratios) > 0.5
+    assert cpu(runs[1]) == cpu(runs[2])
+    lat = {i: [c["latency_ms"] for c in r["calls"] if c["thread"] == "probe0"]
+           for i, r in enumerate(runs)}
+    # the latency carries the spread CPU: longer calls by exactly their extra CPU
+    assert [b - a for a, b in zip(lat[0], lat[1])] == \
+        pytest.approx([x - y for x, y in zip(cpu(runs[1]), base)], abs=1e-9)
+
+
+def test_a_call_cpu_spread_that_is_not_a_rising_table_of_positive_ratios_is_refused(tmp_path):
+    import json
+
+    from kvsim.errors import ConfigError
+    from kvsim.model.cpu_cost import cpu_model_from_dict
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    for bad in ({"probs": [0, 1], "ratios": [0.0, 2.0]}, {"probs": [0, 1], "ratios": [2.0, 1.0]},
+                {"probs": [0, 0.5], "ratios": [1.0, 2.0]}, {"probs": [0, 1]}):
+        with pytest.raises(ConfigError, match=r"cpu\.json: call_cpu_spread: write .*ratios.* "
+                                              r"> 0 not falling"):
+            cpu_model_from_dict(preset | {"call_cpu_spread": {"value": bad, "source": "t"}},
+                                tmp_path / "cpu.json")
+    ok = cpu_model_from_dict(preset | {"call_cpu_spread": {
+        "value": {"probs": [0, 0.5, 1], "ratios": [0.8, 1.0, 2.5]}, "source": "bench"}},
+        tmp_path / "cpu.json")
+    assert ok.call_cpu_spread == ((0.0, 0.8), (0.5, 1.0), (1.0, 2.5))
+    assert ok.sources["call_cpu_spread"] == "bench"
+
+
 def test_sleep_overshoot_us_lengthens_each_sleep_by_a_seeded_draw(tmp_path):
     """sleep_overshoot_us: each sleep lasts longer by a draw from the table (here 100-300 us),
     the same draws for the same seed; without it a sleep lasts as asked."""

@@ -85,6 +85,11 @@ class CpuCostModel:
     # How much longer than asked a sleep lasts, as a distribution: ((prob, extra_us), ...) from
     # prob 0 to 1, drawn per sleep (seeded with the GIL's draws); empty: sleeps last as asked.
     sleep_overshoot_us: tuple[tuple[float, float], ...] = ()
+    # How a manager call's CPU time spreads around the modelled one on the host, as ratios:
+    # ((prob, ratio), ...) from prob 0 to 1, drawn per call (seeded with the GIL's draws) and
+    # multiplying the call's modelled CPU seconds; empty: every call takes exactly the model's.
+    # Measured as the GIL benchmark's probe latencies over their median (identical probes).
+    call_cpu_spread: tuple[tuple[float, float], ...] = ()
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def after_sleep_s(self, slept_s: float) -> float:
@@ -172,6 +177,7 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         sleep_retakes_gil=_flag(path, data, "sleep_retakes_gil", sources),
         lock_retest_us=optional("lock_retest_us", 0.0) * speed,
         sleep_overshoot_us=_overshoot(path, data, sources),
+        call_cpu_spread=_spread(path, data, sources),
         sources=sources,
     )
 
@@ -179,20 +185,34 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
 def _overshoot(path: Path, data: dict, sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
     """``sleep_overshoot_us``: {"value": {"probs": [0, ..., 1], "quantiles_us": [...]},
     "source"}, probs rising from 0 to 1, quantiles >= 0 not falling; absent: none."""
-    key = "sleep_overshoot_us"
+    return _distribution(path, data, "sleep_overshoot_us", "quantiles_us", 0.0, sources)
+
+
+def _spread(path: Path, data: dict, sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
+    """``call_cpu_spread``: {"value": {"probs": [0, ..., 1], "ratios": [...]}, "source"}, probs
+    rising from 0 to 1, ratios > 0 not falling; absent: none."""
+    return _distribution(path, data, "call_cpu_spread", "ratios", None, sources)
+
+
+def _distribution(path: Path, data: dict, key: str, column: str, least: float | None,
+                  sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
+    """A distribution field as (prob, value) pairs: ``column``'s values at ``probs`` from 0 to 1,
+    not falling, at least ``least`` (None: above 0); absent: ()."""
     entry = data.get(key)
     if entry is None:
         return ()
     v = entry.get("value") if isinstance(entry, dict) and set(entry) == {"value", "source"} else None
     probs = v.get("probs") if isinstance(v, dict) else None
-    qs = v.get("quantiles_us") if isinstance(v, dict) else None
+    qs = v.get(column) if isinstance(v, dict) else None
     ok = (isinstance(probs, list) and isinstance(qs, list) and len(probs) == len(qs) >= 2
           and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in probs + qs))
-    if not ok or probs[0] != 0 or probs[-1] != 1 or any(b <= a for a, b in zip(probs, probs[1:])) \
-            or qs[0] < 0 or any(b < a for a, b in zip(qs, qs[1:])):
+    low_ok = ok and (qs[0] > 0 if least is None else qs[0] >= least)
+    if not low_ok or probs[0] != 0 or probs[-1] != 1 or any(b <= a for a, b in zip(probs, probs[1:])) \
+            or any(b < a for a, b in zip(qs, qs[1:])):
+        bound = "> 0" if least is None else f">= {least:g}"
         raise ConfigError(f"{path}: {key}: write {{\"value\": {{\"probs\": [0, ..., 1], "
-                          "\"quantiles_us\": [...]}, \"source\": \"...\"}} (probs rising, quantiles "
-                          ">= 0 not falling)")
+                          f"\"{column}\": [...]}}, \"source\": \"...\"}} (probs rising, {column} "
+                          f"{bound} not falling)")
     sources[key] = str(entry["source"])
     return tuple((float(p), float(q)) for p, q in zip(probs, qs))
 

@@ -134,6 +134,7 @@ class SimExecutor:
         self._rng = (None if opt.schedule_seed is None
                      else np.random.default_rng(opt.schedule_seed))
         self._sleep_rng: np.random.Generator | None = None  # sleep_overshoot_us's draws
+        self._spread_rng: np.random.Generator | None = None  # call_cpu_spread's draws
 
     @property
     def progress(self):
@@ -254,7 +255,7 @@ class SimExecutor:
 
     def _do_cpu(self, e: pipeline.SpendCpu):
         slow = self.cpu.first_call_factor if e.first_call else 1.0
-        seconds = self.cpu.seconds(e.counts) * slow
+        seconds = self.cpu.seconds(e.counts) * slow * self._spread()
         if self.cpu.holds_gil:
             yield from self._python(e.thread, seconds, e.api)
         elif seconds:
@@ -349,6 +350,16 @@ class SimExecutor:
         if self._sleep_rng is None:
             self._sleep_rng = np.random.default_rng([self.options.gil_seed, 7])
         return float(np.interp(self._sleep_rng.random(), *zip(*table))) * 1e-6
+
+    def _spread(self) -> float:
+        """A manager call's CPU-time ratio on the host (CPU preset's call_cpu_spread; 1
+        without it), drawn per call."""
+        table = self.cpu.call_cpu_spread
+        if not table:
+            return 1.0
+        if self._spread_rng is None:
+            self._spread_rng = np.random.default_rng([self.options.gil_seed, 11])
+        return float(np.interp(self._spread_rng.random(), *zip(*table)))
 
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up

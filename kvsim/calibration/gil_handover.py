@@ -68,8 +68,9 @@ BENCH_THREAD_COUNTS = (4, 12)
 # end of their work: nothing is taken over. 400 sufficed for the probe of 2026-12-04 (~0.28 ms on
 # the H200 host); once the walk memo made it ~0.07 ms, concurrency call 4's 32 runs gave 274 holds,
 # a thread's 400 probes in one streak, and a flat fit (reports/validation-h200/concurrency/
-# README.md, call 4). 4000 gives holds ended by takeovers again (the same README, GIL benchmark
-# of 4000 probes).
+# README.md, call 4). At 4000 the 2-core development machine's threads take turns every 16-20
+# probes; the H100 host's still rarely do (14 takeovers in two rounds, against 2 at 400: the same
+# README, "After call 4"), where a holder keeps the GIL for 6-409 ms.
 BENCH_PROBES = 4000
 BENCH_PROBE_TOKENS = 4096
 # Where the hold distribution is tabulated (the simulator interpolates between).

@@ -48,7 +48,8 @@ def add_parser(sub) -> None:
                    help="repeats of each CPU-cost measurement (default 5)")
     p.add_argument("--gil-runs", type=int, default=6,
                    help="runs of the GIL hand-over benchmark per thread count (0: skip it)")
-    p.add_argument("--gil-probes", type=_count_of_probes, default=None, metavar="N",
+    p.add_argument("--gil-probes", type=_count_of_probes, default=gil_handover.BENCH_PROBES,
+                   metavar="N",
                    help="probes per thread of the GIL hand-over benchmark (default "
                         f"{gil_handover.BENCH_PROBES}: fewer leave the threads hardly overlapping "
                         "on a fast manager, and nothing to fit)")
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     lock = host_overhead.lock_costs()
     overhead = host_overhead.executor_call_overhead()
     gil, gil_runs = None, {}
-    probes = gil_handover.BENCH_PROBES if args.gil_probes is None else args.gil_probes
+    probes = args.gil_probes
     if args.gil_runs > 0:
         for n in gil_handover.BENCH_THREAD_COUNTS:
             say(f"GIL hand-over: {args.gil_runs} runs of {n} threads x {probes} probes")

@@ -28,17 +28,23 @@ def bench_probe_counts() -> WorkCounts:
     return manager.probe_reuse.with_plan(fillers[0][:gh.BENCH_PROBE_TOKENS]).plan.counts
 
 
-def modelled_probe_s(cpu: CpuCostModel) -> float:
+def modelled_probe_s(cpu: CpuCostModel, counts: WorkCounts | None = None) -> float:
     """What ``cpu`` prices an uninterrupted benchmark probe at: the binding's Python on both
-    sides plus the manager's work."""
-    return cpu.python_call_us * 1e-6 + cpu.seconds(bench_probe_counts())
+    sides plus the manager's work (``counts``: the probe's, :func:`bench_probe_counts`, made
+    here when not given)."""
+    return cpu.python_call_us * 1e-6 + cpu.seconds(bench_probe_counts() if counts is None else counts)
+
+
+def probe_latencies(runs: dict[int, list[gh.HandoverRun]], needed_for: str) -> np.ndarray:
+    """Every benchmark probe's latency in seconds; ValueError naming ``needed_for`` if none."""
+    lat = np.array([end - start for rs in runs.values() for r in rs for _t, start, end in r.calls])
+    if not lat.size:
+        raise ValueError(f"no benchmark probes to take {needed_for} from")
+    return lat
 
 
 def measured_probe_s(runs: dict[int, list[gh.HandoverRun]]) -> float:
-    lat = [end - start for rs in runs.values() for r in rs for _t, start, end in r.calls]
-    if not lat:
-        raise ValueError("no benchmark probes to take the host's speed from")
-    return float(np.median(lat))
+    return float(np.median(probe_latencies(runs, "the host's speed")))
 
 
 def factor(cpu: CpuCostModel, runs: dict[int, list[gh.HandoverRun]]) -> dict:
@@ -70,12 +76,11 @@ def call_spread(cpu: CpuCostModel, runs: dict[int, list[gh.HandoverRun]]) -> dic
     around their median, as ratios of the manager call's CPU time (the simulator scales only
     that): a probe ``r`` times the median adds ``(r - 1)`` median probes, spread over the
     manager's share of the modelled probe (floored at 0.01). ``cpu`` loaded without a factor."""
-    lat = np.array([end - start for rs in runs.values() for r in rs for _t, start, end in r.calls])
-    if not lat.size:
-        raise ValueError("no benchmark probes to take the spread from")
+    lat = probe_latencies(runs, "the spread")
     probs = np.array(SPREAD_PROBS)
     q = np.quantile(lat, np.minimum(probs, 0.999)) / np.median(lat)
-    share = cpu.seconds(bench_probe_counts()) / modelled_probe_s(cpu)
+    counts = bench_probe_counts()  # (builds the benchmark's manager: once)
+    share = cpu.seconds(counts) / modelled_probe_s(cpu, counts)
     ratios = np.maximum(1.0 + (q - 1.0) / share, 0.01)
     return {"probs": list(SPREAD_PROBS), "ratios": [round(float(r), 4) for r in ratios],
             "probe_latency_over_median": [round(float(x), 4) for x in q],

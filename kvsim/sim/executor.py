@@ -133,8 +133,8 @@ class SimExecutor:
         self._stop = self.env.event()  # succeeds when a deadlock makes further progress moot
         self._rng = (None if opt.schedule_seed is None
                      else np.random.default_rng(opt.schedule_seed))
-        self._sleep_rng: np.random.Generator | None = None  # sleep_overshoot_us's draws
-        self._spread_rng: np.random.Generator | None = None  # call_cpu_spread's draws
+        # the CPU preset's distribution tables' draws, one generator per table (see _draw)
+        self._table_rngs: dict[int, np.random.Generator] = {}
 
     @property
     def progress(self):
@@ -345,21 +345,21 @@ class SimExecutor:
     def _overshoot(self) -> float:
         """A sleep's extra seconds (CPU preset's sleep_overshoot_us; 0 without it)."""
         table = self.cpu.sleep_overshoot_us
-        if not table:
-            return 0.0
-        if self._sleep_rng is None:
-            self._sleep_rng = np.random.default_rng([self.options.gil_seed, 7])
-        return float(np.interp(self._sleep_rng.random(), *zip(*table))) * 1e-6
+        return self._draw(table, 7) * 1e-6 if table else 0.0
 
     def _spread(self) -> float:
         """A manager call's CPU-time ratio on the host (CPU preset's call_cpu_spread; 1
         without it), drawn per call."""
         table = self.cpu.call_cpu_spread
-        if not table:
-            return 1.0
-        if self._spread_rng is None:
-            self._spread_rng = np.random.default_rng([self.options.gil_seed, 11])
-        return float(np.interp(self._spread_rng.random(), *zip(*table)))
+        return self._draw(table, 11) if table else 1.0
+
+    def _draw(self, table: tuple[tuple[float, float], ...], stream: int) -> float:
+        """A value of a ((prob, value), ...) table at a uniform draw from the generator seeded
+        ``[gil_seed, stream]`` (one per table, so one table's draws never shift another's)."""
+        rng = self._table_rngs.get(stream)
+        if rng is None:
+            rng = self._table_rngs[stream] = np.random.default_rng([self.options.gil_seed, stream])
+        return float(np.interp(rng.random(), *zip(*table)))
 
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up

@@ -369,7 +369,9 @@ def test_the_fit_finds_the_knobs_that_made_the_latencies():
                          scales=(1.0, 2.0), sim_probes=1600, processes=1)
     assert (result["hold_scale"], result["recent_taker_share"]) == (2.0, 0.5)
     assert result["loss"] == 0.0 and len(result["evaluations"]) == 4
-    assert result["probes_per_thread"] == {2: FIT_PROBES, 4: FIT_PROBES} != gh.BENCH_PROBES
+    # (the premise: the runs' count is not the default, which the fit must not fall back to)
+    assert FIT_PROBES != gh.BENCH_PROBES
+    assert result["probes_per_thread"] == {2: FIT_PROBES, 4: FIT_PROBES}
     assert result["handover"].hold[1] == pytest.approx((0.002, 0.008, 0.04))
     others = [r["loss"] for r in result["evaluations"] if r["loss"] > 0]
     assert len(others) == 3  # the other points miss the targets

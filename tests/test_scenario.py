@@ -190,3 +190,32 @@ def test_results_json_is_strict_json(tmp_path):
                          "_private": 1})
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}}
     assert "NaN" not in text and "Infinity" not in text
+
+
+def test_a_simulated_run_sets_up_under_the_run_thresholds_and_puts_the_old_ones_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector's raised thresholds cover the set-up calls (a burst's thousands of radix
+    nodes), not only the SimPy run, and the caller's thresholds come back after."""
+    import gc
+
+    from kvsim.scenario import executors
+    from kvsim.sim.collector import RUN_THRESHOLDS
+
+    seen = []
+    real_setup = executors.run_setup
+
+    def watched(calls):
+        seen.append(gc.get_threshold())
+        return real_setup(calls)
+
+    monkeypatch.setattr(executors, "run_setup", watched)
+    before = (701, 11, 9)
+    old = gc.get_threshold()
+    gc.set_threshold(*before)
+    try:
+        execute(load_scenario(write(tmp_path, SMALL + "executor: sim\nhardware: h200-sxm\n")))
+        after = gc.get_threshold()
+    finally:
+        gc.set_threshold(*old)
+    assert seen == [RUN_THRESHOLDS]
+    assert after == before

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvsim.calibration import concurrency_judge as cj
-from kvsim.calibration.packed import SLIM_CALL_FIELDS, pack_results, read_json
+from kvsim.calibration.packed import SLIM_CALL_FIELDS, pack_results, read_json, read_lines
 from kvsim.errors import KvsimError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,16 +23,20 @@ SCRIPT = REPO / "tools" / "concurrency_validation_runs.sh"
 CASES = ("probe_starvation.buggy", "probe_drain.fixed")  # cheap: ~1 s of simulation together
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("concurrency") / "call"
+def _dry_run(out: Path, **env: str) -> subprocess.CompletedProcess:
     # The repository first, then whatever the caller's path holds (dependencies installed
     # with pip --target, as on the GPU machine).
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": path, "CALIBRATE": "0",
-           "GIL_BENCH": "0", "ROUNDS": "2", "CASES": " ".join(CASES)}
-    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=REPO, env=env,
+           "CASES": " ".join(CASES), **env}
+    return subprocess.run(["bash", str(SCRIPT), "--dry-run", str(out)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("concurrency") / "call"
+    proc = _dry_run(out, GIL_BENCH="0", ROUNDS="2")
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -65,6 +69,26 @@ def test_the_dry_run_writes_every_round_of_the_chosen_cases(measured):
             # round r's GIL draws are seeded as the judge predicts round r
             assert results["resolved"]["sim"]["gil_seed"] == results["scenario"]["seed"] + r - 1
             assert set(results["calls"][0]) == set(SLIM_CALL_FIELDS)
+
+
+def test_the_gil_benchmark_pairs_come_after_every_kth_chunk_at_the_probes_asked(tmp_path):
+    # one case per chunk, 2 rounds: 4 chunks; a pair after the 2nd and the 4th
+    out = tmp_path / "call"
+    proc = _dry_run(out, ROUNDS="2", CHUNK="1", GIL_BENCH_EVERY="2", GIL_PROBES="20")
+    assert proc.returncode == 0, proc.stderr
+    runs = list(read_lines(out / "gil-bench.jsonl.xz"))
+    assert sorted(r["threads"] for r in runs) == [4, 4, 12, 12]
+    assert {r["probes_per_thread"] for r in runs} == {20}
+    assert "2 GIL benchmark pairs" in (out / "log.txt").read_text()
+
+
+@pytest.mark.parametrize("env", [{"GIL_BENCH_EVERY": "0"}, {"GIL_PROBES": "x"}])
+def test_a_bad_benchmark_setting_is_refused_before_any_work(tmp_path, env):
+    out = tmp_path / "call"
+    proc = _dry_run(out, ROUNDS="1", **env)
+    (name,) = env
+    assert proc.returncode == 2 and f"{name} must be a whole number >= 1" in proc.stderr
+    assert not out.exists()
 
 
 def test_identical_inputs_give_zero_error_and_equal_verdicts(measured, tmp_path):

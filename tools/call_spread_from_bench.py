@@ -1,5 +1,5 @@
-"""Add a CPU preset's ``call_cpu_spread`` from GIL benchmark runs (what-if studies: no shipped
-preset and no validation call has it yet).
+"""Add a CPU preset's ``call_cpu_spread`` from GIL benchmark runs (what-if 7; design S of
+reports/validation-h200/concurrency/PROTOCOL-5.md; no shipped preset has it).
 
     python3 tools/call_spread_from_bench.py PRESET.json OUT.json BENCH.jsonl[.gz|.xz] ...
 

@@ -19,7 +19,10 @@
 #   ROUNDS     at most this many rounds (default: as many as the budget allows)
 #   CHUNK      cases per process (default 5); CASES: only these cases (default: all)
 #   CALIBRATE  0: skip the calibration (the dry run then simulates the shipped preset)
-#   GIL_BENCH  0: skip the GIL benchmark runs; PYTHON: the interpreter (default python3)
+#   GIL_BENCH  0: skip the GIL benchmark runs; GIL_BENCH_EVERY=K: a pair after every K-th chunk
+#              only (default 1; at 4000 probes a pair is ~0.3 MB packed, so 16 pairs would not
+#              fit reports/); GIL_PROBES: probes per thread (default: gil_bench_runs.py's);
+#   PYTHON     the interpreter (default python3)
 # Writes OUT/manifest.json, OUT/machine.txt, OUT/log.txt, OUT/calib/ (the CPU preset and its
 # samples, packed), OUT/v/CASE/rN/results.json.xz (slim, packed), OUT/runs.jsonl (one line per
 # run), OUT/gil-bench.jsonl.xz, OUT/sizes.txt. 3-4 MB in all on the H200 (3-5 rounds: a
@@ -36,6 +39,14 @@ out=${1:?usage: tools/concurrency_validation_runs.sh [--dry-run | --no-gpu] OUT}
 py=${PYTHON:-python3}
 budget=${BUDGET_S:-470}
 chunk=${CHUNK:-5}
+every=${GIL_BENCH_EVERY:-1}
+probes=()
+if [[ -n "${GIL_PROBES:-}" ]]; then probes=(--probes "$GIL_PROBES"); fi
+whole() {  # NAME VALUE: refused (exit 2, before any work) unless a whole number >= 1
+  if ! [[ "$2" =~ ^[1-9][0-9]*$ ]]; then echo "$1 must be a whole number >= 1, got '$2'" >&2; exit 2; fi
+}
+whole GIL_BENCH_EVERY "$every"
+if [[ -n "${GIL_PROBES:-}" ]]; then whole GIL_PROBES "$GIL_PROBES"; fi
 t0=$(date +%s)
 runs_until=$(( t0 + budget - 45 ))
 hard_end=$(( t0 + budget - 25 ))
@@ -65,6 +76,7 @@ fi
 if [[ -n "${CASES:-}" ]]; then read -r -a only <<< "$CASES"; fi
 round=0
 bench=0
+chunks=0
 while (( $(date +%s) < runs_until )); do
   round=$(( round + 1 ))
   if [[ -n "${ROUNDS:-}" ]] && (( round > ROUNDS )); then break; fi
@@ -96,10 +108,12 @@ while (( $(date +%s) < runs_until )); do
         fi
       done
     fi
-    if [[ "${GIL_BENCH:-1}" != 0 ]] && (( $(date +%s) < runs_until )); then
+    chunks=$(( chunks + 1 ))
+    if [[ "${GIL_BENCH:-1}" != 0 ]] && (( chunks % every == 0 )) && (( $(date +%s) < runs_until )); then
       bench=$(( bench + 1 ))
       if (( bench % 2 )); then counts="4 12"; else counts="12 4"; fi
-      "$py" tools/gil_bench_runs.py "$out/gil-bench.jsonl" $counts 2>> "$out/log.txt" \
+      "$py" tools/gil_bench_runs.py "$out/gil-bench.jsonl" $counts ${probes[@]+"${probes[@]}"} \
+        2>> "$out/log.txt" \
         || say "GIL benchmark pair $bench: exit $?"
     fi
   done

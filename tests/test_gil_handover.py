@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -450,6 +451,36 @@ def test_the_host_speed_factor_is_the_benchmark_probe_over_its_modelled_price():
     assert field["value"] == round(twice["factor"], 4) and "runs.jsonl" in field["source"]
 
 
+def test_the_call_spread_is_the_probes_ratio_to_their_median_over_the_managers_share():
+    from kvsim.calibration import host_speed
+
+    cpu = python_cpu()
+    (run,) = gh.simulate(cpu, runs=1, threads=2, probes=200)
+    # one probe 50 medians long, as another thread's GIL hold would make it (the simulated
+    # run's own takeovers make others)
+    lat = sorted(end - start for _t, start, end in run.calls)
+    t, start, end = run.calls[0]
+    slow = gh.HandoverRun([(t, start, start + 50 * lat[len(lat) // 2])] + run.calls[1:],
+                          run.thread_starts)
+    spread = host_speed.call_spread(cpu, {2: [slow]})
+    assert spread["probes"] == 400 and spread["upto_median_x"] is None
+    share = spread["manager_share_of_probe"]
+    assert 0.0 < share < 1.0
+    ratios, over = np.array(spread["ratios"]), np.array(spread["probe_latency_over_median"])
+    assert np.all(np.diff(ratios) >= 0) and over[spread["probs"].index(0.5)] == pytest.approx(1.0)
+    # a probe r medians long adds (r - 1) medians to the manager's share of it
+    assert np.allclose(ratios, np.maximum(1.0 + (over - 1.0) / share, 0.01), rtol=1e-3)
+    assert over[-1] > 3.0  # the interrupted probes are in
+    kept = host_speed.call_spread(cpu, {2: [slow]}, upto_median_x=3.0)
+    lat = np.array([end - start for _t, start, end in slow.calls])
+    assert kept["probes"] == int((lat <= 3.0 * np.median(lat)).sum()) < 400
+    assert kept["probe_latency_over_median"][-1] <= 3.0
+    field = host_speed.spread_field(kept, "bench.jsonl")
+    assert field["value"]["ratios"] == kept["ratios"] and "over 3 medians left out" in field["source"]
+    with pytest.raises(ValueError, match="over 1"):
+        host_speed.call_spread(cpu, {2: [slow]}, upto_median_x=1.0)
+
+
 def test_a_host_speed_factor_stretches_every_host_cost_of_a_preset(tmp_path):
     base = load_cpu_model.__globals__["CPU_PRESET_DIR"].joinpath("kvsim-python-h200host.json")
     data = json.loads(base.read_text())
@@ -507,3 +538,19 @@ def test_the_bench_runs_tool_appends_one_run_per_thread_count_with_its_probe_cou
         gh.probes_per_thread(runs[2])  # two runs of different lengths
     with pytest.raises(SystemExit):
         tool.main([str(out), "2", "--probes", "0"])
+
+
+def test_the_spread_tool_writes_the_preset_with_the_table_and_refuses_a_cut_at_the_median(tmp_path):
+    from conftest import load_tool
+
+    bench = tmp_path / "bench.jsonl"
+    assert load_tool("gil_bench_runs").main([str(bench), "2", "--probes", "40"]) == 0
+    preset = Path(__file__).resolve().parents[1] / "kvsim" / "hardware" / "cpu" / "kvsim-python-h200host.json"
+    tool = load_tool("call_spread_from_bench")
+    out = tmp_path / "spread.json"
+    assert tool.main([str(preset), str(out), str(bench), "--upto-median-x", "3"]) == 0
+    written = json.loads(out.read_text())
+    assert set(written) - set(json.loads(preset.read_text())) == {"call_cpu_spread"}
+    assert "over 3 medians left out" in written["call_cpu_spread"]["source"]
+    with pytest.raises(SystemExit):
+        tool.main([str(preset), str(out), str(bench), "--upto-median-x", "1"])

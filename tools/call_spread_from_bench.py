@@ -1,14 +1,17 @@
 """Add a CPU preset's ``call_cpu_spread`` from GIL benchmark runs (what-if 7; design S of
 reports/validation-h200/concurrency/PROTOCOL-5.md; no shipped preset has it).
 
-    python3 tools/call_spread_from_bench.py PRESET.json OUT.json BENCH.jsonl[.gz|.xz] ...
+    python3 tools/call_spread_from_bench.py [--upto-median-x X] PRESET.json OUT.json BENCH.jsonl[.gz|.xz]...
 
 Writes PRESET with ``call_cpu_spread`` (kvsim.calibration.host_speed.call_spread over the runs,
 priced with PRESET as loaded without its host speed factor) to OUT, and prints the table.
+``--upto-median-x X`` leaves out the probes over X medians first (the GIL's interruptions, where
+the benchmark's threads contend: 3 is the GIL fit's own threshold).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -20,16 +23,22 @@ from kvsim.model.cpu_cost import cpu_model_from_dict
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3:
-        print(__doc__, file=sys.stderr)
-        return 2
-    preset_file, out, bench = Path(argv[0]), Path(argv[1]), argv[2:]
-    preset = json.loads(preset_file.read_text())
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("preset", type=Path)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("bench", nargs="+", help="GIL benchmark runs (.jsonl, .gz or .xz)")
+    ap.add_argument("--upto-median-x", type=float, default=None, metavar="X",
+                    help="leave out the probes over X medians first (3: the GIL fit's threshold)")
+    args = ap.parse_args(argv)
+    if args.upto_median_x is not None and not args.upto_median_x > 1.0:
+        ap.error(f"--upto-median-x: must be over 1 (the median), got {args.upto_median_x:g}")
+    preset = json.loads(args.preset.read_text())
     unstretched = {k: v for k, v in preset.items() if k != "host_speed_factor"}
-    runs = gh.runs_from_json([run for f in bench for run in read_lines(f)])
-    spread = host_speed.call_spread(cpu_model_from_dict(unstretched, preset_file), runs)
-    preset["call_cpu_spread"] = host_speed.spread_field(spread, ", ".join(bench))
-    out.write_text(json.dumps(preset, indent=1) + "\n")
+    runs = gh.runs_from_json([run for f in args.bench for run in read_lines(f)])
+    spread = host_speed.call_spread(cpu_model_from_dict(unstretched, args.preset), runs,
+                                    args.upto_median_x)
+    preset["call_cpu_spread"] = host_speed.spread_field(spread, ", ".join(args.bench))
+    args.out.write_text(json.dumps(preset, indent=1) + "\n")
     print(json.dumps(spread))
     return 0
 

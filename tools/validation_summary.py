@@ -36,10 +36,12 @@ PLAN_JUDGE2 = PLAN / "2026-12-04-judge-2-summary.json"  # PROTOCOL-2.md's held-o
 PLAN_JUDGE3 = PLAN / "2026-12-04-judge-3-summary.json"  # PROTOCOL-3.md's judge (fit and judge in one run)
 CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
 CONCURRENCY_3 = Path("concurrency") / "judge-3" / "concurrency-judge.json"  # PROTOCOL-3
-# the latest pre-registered concurrency call (PROTOCOL-4, today's manager); the earlier calls'
-# tallies are kept beside it
-CONCURRENCY_4 = Path("concurrency") / "judge-4" / "concurrency-judge.json"
-EARLIER_CONCURRENCY = {"concurrency_first_call": CONCURRENCY, "concurrency_call_3": CONCURRENCY_3}
+CONCURRENCY_4 = Path("concurrency") / "judge-4" / "concurrency-judge.json"  # PROTOCOL-4
+# the latest pre-registered concurrency call (PROTOCOL-5: its verdict, design S); the earlier
+# calls' tallies are kept beside it
+CONCURRENCY_5 = Path("concurrency") / "judge-5" / "concurrency-judge.json"
+EARLIER_CONCURRENCY = {"concurrency_first_call": CONCURRENCY, "concurrency_call_3": CONCURRENCY_3,
+                       "concurrency_call_4": CONCURRENCY_4}
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {
@@ -121,7 +123,8 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     out["probe_history_files"] = files
     if (root / PLAN_REFIT).exists():
         out["plan_batches"] = plan_batches(root)
-    latest = next((p for p in (CONCURRENCY_4, CONCURRENCY_3, CONCURRENCY) if (root / p).exists()),
+    latest = next((p for p in (CONCURRENCY_5, CONCURRENCY_4, CONCURRENCY_3, CONCURRENCY)
+                   if (root / p).exists()),
                   None)
     if latest is not None:
         out["concurrency"] = concurrency(root, latest)

@@ -71,26 +71,41 @@ def preset_field(speed: dict, source: str) -> dict:
 SPREAD_PROBS = (0.0, 0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0)
 
 
-def call_spread(cpu: CpuCostModel, runs: dict[int, list[gh.HandoverRun]]) -> dict:
+def call_spread(cpu: CpuCostModel, runs: dict[int, list[gh.HandoverRun]],
+                upto_median_x: float | None = None) -> dict:
     """The preset's ``call_cpu_spread`` from benchmark ``runs``: how the probes' latencies spread
     around their median, as ratios of the manager call's CPU time (the simulator scales only
     that): a probe ``r`` times the median adds ``(r - 1)`` median probes, spread over the
-    manager's share of the modelled probe (floored at 0.01). ``cpu`` loaded without a factor."""
+    manager's share of the modelled probe (floored at 0.01). ``cpu`` loaded without a factor.
+
+    ``upto_median_x``: probes slower than this many medians are left out first. Where the
+    benchmark's threads contend, those are the probes another thread's GIL hold interrupted
+    (the GIL fit counts probes over ``gil_fit.INTERRUPTED_OVER_MEDIAN`` medians as such), which
+    the simulator's GIL already makes: left in, they are counted twice."""
     lat = probe_latencies(runs, "the spread")
+    median = np.median(lat)
+    if upto_median_x is not None:
+        if not upto_median_x > 1.0:
+            raise ValueError(f"upto_median_x must be over 1 (median), got {upto_median_x}")
+        lat = lat[lat <= upto_median_x * median]
     probs = np.array(SPREAD_PROBS)
-    q = np.quantile(lat, np.minimum(probs, 0.999)) / np.median(lat)
+    q = np.quantile(lat, np.minimum(probs, 0.999)) / median
     counts = bench_probe_counts()  # (builds the benchmark's manager: once)
     share = cpu.seconds(counts) / modelled_probe_s(cpu, counts)
     ratios = np.maximum(1.0 + (q - 1.0) / share, 0.01)
     return {"probs": list(SPREAD_PROBS), "ratios": [round(float(r), 4) for r in ratios],
             "probe_latency_over_median": [round(float(x), 4) for x in q],
-            "manager_share_of_probe": round(share, 4), "probes": int(lat.size)}
+            "manager_share_of_probe": round(share, 4), "probes": int(lat.size),
+            "upto_median_x": upto_median_x}
 
 
 def spread_field(spread: dict, source: str) -> dict:
     """The preset's ``call_cpu_spread`` entry for :func:`call_spread`'s result."""
     return {"value": {"probs": spread["probs"], "ratios": spread["ratios"]},
             "source": f"{source}: kvsim.calibration.host_speed.call_spread; the GIL benchmark's "
-                      f"{spread['probes']} probe latencies over their median, cut at the 99.9th "
+                      f"{spread['probes']} probe latencies over their median"
+                      + ("" if spread.get("upto_median_x") is None else
+                         f" (those over {spread['upto_median_x']:g} medians left out)")
+                      + ", cut at the 99.9th "
                       f"percentile, as ratios of the manager's {spread['manager_share_of_probe']:.1%} "
                       "share of the modelled probe"}

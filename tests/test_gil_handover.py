@@ -554,3 +554,23 @@ def test_the_spread_tool_writes_the_preset_with_the_table_and_refuses_a_cut_at_t
     assert "over 3 medians left out" in written["call_cpu_spread"]["source"]
     with pytest.raises(SystemExit):
         tool.main([str(preset), str(out), str(bench), "--upto-median-x", "1"])
+
+
+def test_the_spread_tool_takes_the_probes_of_judged_runs(tmp_path):
+    from conftest import load_tool
+
+    calls = [{"thread": f"probe{i % 2}", "api": "KVCacheManager.probe_reuse",
+              "start_ms": 0.1 * i, "latency_ms": 0.05 + (0.5 if i == 7 else 0.0)} for i in range(40)]
+    calls.append({"thread": "resize", "api": "KvCache.resize", "start_ms": 5.0, "latency_ms": 9.0})
+    run = tmp_path / "results.json"
+    run.write_text(json.dumps({"calls": calls}))
+    tool = load_tool("call_spread_from_bench")
+    thread, start, end = tool.judged_probes(json.loads(run.read_text())).calls[7]
+    assert thread == "probe1" and (start, end) == pytest.approx((0.0007, 0.00125))
+    preset = Path(__file__).resolve().parents[1] / "kvsim" / "hardware" / "cpu" / "kvsim-python-h200host.json"
+    out = tmp_path / "spread.json"
+    assert tool.main([str(preset), str(out), str(run), "--judged"]) == 0
+    spread = json.loads(out.read_text())["call_cpu_spread"]
+    # 40 probes (the resize is not one), the slow one 11 medians long at the top
+    assert "40 probe latencies" in spread["source"]
+    assert spread["value"]["ratios"][-1] > spread["value"]["ratios"][-3] > 1.0

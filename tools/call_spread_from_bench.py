@@ -6,7 +6,9 @@ reports/validation-h200/concurrency/PROTOCOL-5.md; no shipped preset has it).
 Writes PRESET with ``call_cpu_spread`` (kvsim.calibration.host_speed.call_spread over the runs,
 priced with PRESET as loaded without its host speed factor) to OUT, and prints the table.
 ``--upto-median-x X`` leaves out the probes over X medians first (the GIL's interruptions, where
-the benchmark's threads contend: 3 is the GIL fit's own threshold).
+the benchmark's threads contend: 3 is the GIL fit's own threshold). ``--judged``: the inputs are
+judged runs' ``results.json[.xz]`` (tools/concurrency_validation_runs.sh's ``v/CASE/rN/``), whose
+``probe_reuse`` calls stand in for the benchmark's probes (a fit set of cases, what-if 9).
 """
 
 from __future__ import annotations
@@ -18,8 +20,15 @@ from pathlib import Path
 
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration import host_speed
-from kvsim.calibration.packed import read_lines
+from kvsim.calibration.packed import read_json, read_lines
 from kvsim.model.cpu_cost import cpu_model_from_dict
+
+
+def judged_probes(results: dict) -> gh.HandoverRun:
+    """A judged run's probes (``KVCacheManager.probe_reuse`` calls) as a benchmark run's."""
+    return gh.HandoverRun([(c["thread"], c["start_ms"] / 1e3, (c["start_ms"] + c["latency_ms"]) / 1e3)
+                           for c in results["calls"] if c["api"] == "KVCacheManager.probe_reuse"],
+                          {})
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +36,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("preset", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("bench", nargs="+", help="GIL benchmark runs (.jsonl, .gz or .xz)")
+    ap.add_argument("--judged", action="store_true",
+                    help="the inputs are judged runs' results.json[.xz]: their probes count")
     ap.add_argument("--upto-median-x", type=float, default=None, metavar="X",
                     help="leave out the probes over X medians first (3: the GIL fit's threshold)")
     args = ap.parse_args(argv)
@@ -34,7 +45,10 @@ def main(argv: list[str]) -> int:
         ap.error(f"--upto-median-x: must be over 1 (the median), got {args.upto_median_x:g}")
     preset = json.loads(args.preset.read_text())
     unstretched = {k: v for k, v in preset.items() if k != "host_speed_factor"}
-    runs = gh.runs_from_json([run for f in args.bench for run in read_lines(f)])
+    if args.judged:
+        runs = {0: [judged_probes(read_json(f)) for f in args.bench]}
+    else:
+        runs = gh.runs_from_json([run for f in args.bench for run in read_lines(f)])
     spread = host_speed.call_spread(cpu_model_from_dict(unstretched, args.preset), runs,
                                     args.upto_median_x)
     preset["call_cpu_spread"] = host_speed.spread_field(spread, ", ".join(args.bench))

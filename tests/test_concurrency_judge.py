@@ -36,7 +36,8 @@ def _dry_run(out: Path, **env: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("concurrency") / "call"
-    proc = _dry_run(out, GIL_BENCH="0", ROUNDS="2")
+    # one case per chunk, 2 rounds: 4 chunks; a GIL benchmark pair after the 2nd and the 4th
+    proc = _dry_run(out, ROUNDS="2", CHUNK="1", GIL_BENCH_EVERY="2", GIL_PROBES="20")
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -71,11 +72,8 @@ def test_the_dry_run_writes_every_round_of_the_chosen_cases(measured):
             assert set(results["calls"][0]) == set(SLIM_CALL_FIELDS)
 
 
-def test_the_gil_benchmark_pairs_come_after_every_kth_chunk_at_the_probes_asked(tmp_path):
-    # one case per chunk, 2 rounds: 4 chunks; a pair after the 2nd and the 4th
-    out = tmp_path / "call"
-    proc = _dry_run(out, ROUNDS="2", CHUNK="1", GIL_BENCH_EVERY="2", GIL_PROBES="20")
-    assert proc.returncode == 0, proc.stderr
+def test_the_gil_benchmark_pairs_come_after_every_kth_chunk_at_the_probes_asked(measured):
+    out = measured
     runs = list(read_lines(out / "gil-bench.jsonl.xz"))
     assert sorted(r["threads"] for r in runs) == [4, 4, 12, 12]
     assert {r["probes_per_thread"] for r in runs} == {20}

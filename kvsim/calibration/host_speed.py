@@ -80,8 +80,10 @@ def call_spread(cpu: CpuCostModel, runs: dict[int, list[gh.HandoverRun]],
 
     ``upto_median_x``: probes slower than this many medians are left out first. Where the
     benchmark's threads contend, those are the probes another thread's GIL hold interrupted
-    (the GIL fit counts probes over ``gil_fit.INTERRUPTED_OVER_MEDIAN`` medians as such), which
-    the simulator's GIL already makes: left in, they are counted twice."""
+    (the GIL fit counts probes over ``gil_fit.INTERRUPTED_OVER_MEDIAN`` medians as such): the
+    simulator's GIL is the model of those, and left in they would be drawn again, at the
+    benchmark's contention, in every call (concurrency call 5 and its what-if 8,
+    reports/validation-h200/concurrency/README.md)."""
     lat = probe_latencies(runs, "the spread")
     median = np.median(lat)
     if upto_median_x is not None:
@@ -102,7 +104,7 @@ def call_spread(cpu: CpuCostModel, runs: dict[int, list[gh.HandoverRun]],
 def spread_field(spread: dict, source: str) -> dict:
     """The preset's ``call_cpu_spread`` entry for :func:`call_spread`'s result."""
     return {"value": {"probs": spread["probs"], "ratios": spread["ratios"]},
-            "source": f"{source}: kvsim.calibration.host_speed.call_spread; the GIL benchmark's "
+            "source": f"{source}: kvsim.calibration.host_speed.call_spread; the "
                       f"{spread['probes']} probe latencies over their median"
                       + ("" if spread.get("upto_median_x") is None else
                          f" (those over {spread['upto_median_x']:g} medians left out)")

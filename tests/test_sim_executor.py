@@ -499,3 +499,26 @@ def test_sleep_overshoot_us_lengthens_each_sleep_by_a_seeded_draw(tmp_path):
     g = gaps(runs[1])
     assert all(1.1 - 1e-9 <= x <= 1.3 + 1e-9 for x in g) and max(g) - min(g) > 0.05
     assert g == gaps(runs[2])
+
+
+def test_lock_first_test_us_prices_each_threads_first_acquire_apart_from_later_ones(tmp_path):
+    """lock_first_test_us: a thread's first test of a free lock takes that long, later tests
+    lock_test_us; without it every test takes lock_test_us. The lone prober (no contention)
+    shows it in its call records' lock waits, and the resize thread's one acquire too."""
+    plain, first = _runs_without_and_with(tmp_path, ONE_PROBER, lock_test_us=2.0,
+                                          lock_first_test_us=15.0)
+
+    def waits_us(r, thread):
+        return [c["lock_wait_ms"] * 1e3 for c in r["calls"] if c["thread"] == thread]
+
+    assert waits_us(plain, "probe0") == pytest.approx([0.0] * 25, abs=1e-6)  # no lock test
+    probe = waits_us(first, "probe0")
+    assert probe[0] == pytest.approx(15.0) and probe[1:] == pytest.approx([2.0] * 24)
+    assert waits_us(first, "resize") == pytest.approx([15.0])
+    assert all(c["ok"] for c in first["calls"])
+
+
+def test_lock_test_us_alone_prices_every_acquire_the_same(tmp_path):
+    _plain, same = _runs_without_and_with(tmp_path, ONE_PROBER, lock_test_us=2.0)
+    waits = [c["lock_wait_ms"] * 1e3 for c in same["calls"]]
+    assert waits == pytest.approx([2.0] * len(waits)) and len(waits) == 26

@@ -82,6 +82,11 @@ class CpuCostModel:
     # GIL) of a woken waiter's re-test, when it differs from the first test's (a herd of woken
     # waiters costs more per waiter than one test: tools/lock_wake_bench.py's handover slope).
     lock_retest_us: float = 0.0
+    # A Python manager's lock, 0 where not measured (then lock_test_us): host time (holding the
+    # GIL) of a thread's first test of the lock, when it differs from later ones (a thread's first
+    # acquire runs cold: the judged runs' one-call writer threads wait 10-18 us for a free lock
+    # where a loop of acquires tests in ~2.4 us).
+    lock_first_test_us: float = 0.0
     # How much longer than asked a sleep lasts, as a distribution: ((prob, extra_us), ...) from
     # prob 0 to 1, drawn per sleep (seeded with the GIL's draws); empty: sleeps last as asked.
     sleep_overshoot_us: tuple[tuple[float, float], ...] = ()
@@ -176,6 +181,7 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         lock_release_us=optional("lock_release_us", 0.0) * speed,
         sleep_retakes_gil=_flag(path, data, "sleep_retakes_gil", sources),
         lock_retest_us=optional("lock_retest_us", 0.0) * speed,
+        lock_first_test_us=optional("lock_first_test_us", 0.0) * speed,
         sleep_overshoot_us=_overshoot(path, data, sources),
         call_cpu_spread=_spread(path, data, sources),
         sources=sources,

@@ -110,6 +110,7 @@ class SimExecutor:
         self._slept: dict[str, float] = {}  # thread -> how long it last slept, until it runs
         # thread -> the first lock test's seconds, taken out of its next Python (lock_test_us)
         self._prepaid: dict[str, float] = {}
+        self._lock_tested: set[str] = set()  # threads past their first lock test
         self._alive: set[str] = set()
         p = pipeline
         self._plain = {p.BindingWaits: self._do_binding_waits, p.Invoke: self._do_invoke,
@@ -204,9 +205,10 @@ class SimExecutor:
         """The lock in ``e.mode``; a Python manager's waiter re-tests after each release
         (``threading.Condition``), holding the GIL to do so. Returns None or the hazard."""
         thread, python_manager = e.thread, self.cpu.holds_gil
-        test_s = self.cpu.lock_test_us * 1e-6 if self.lock.recheck else 0.0
+        test_s = self.lock_test_s(thread) if self.lock.recheck else 0.0
         wake_s = self.cpu.lock_wake_us * 1e-6 if self.lock.recheck else 0.0
-        retest_s = self.cpu.lock_retest_us * 1e-6 if self.cpu.lock_retest_us else test_s
+        later_s = self.cpu.lock_test_us * 1e-6 if self.lock.recheck else 0.0
+        retest_s = self.cpu.lock_retest_us * 1e-6 if self.cpu.lock_retest_us else later_s
         self._waiting[thread] = ("lock", e.api)
         try:
             # With lock_test_us the first test is deferred: queued now, tested after its cost.
@@ -242,6 +244,15 @@ class SimExecutor:
             return hazard
         del self._waiting[thread]
         return None
+
+    def lock_test_s(self, thread: str) -> float:
+        """Seconds of ``thread``'s first test of the lock in this acquire: the CPU preset's
+        ``lock_first_test_us`` the first time the thread acquires (when set), ``lock_test_us``
+        after."""
+        if self.cpu.lock_first_test_us and thread not in self._lock_tested:
+            self._lock_tested.add(thread)
+            return self.cpu.lock_first_test_us * 1e-6
+        return self.cpu.lock_test_us * 1e-6
 
     def _do_invoke(self, e: pipeline.Invoke) -> tuple:
         return e.call.invoke(), 0.0

@@ -574,3 +574,4 @@ def test_the_spread_tool_takes_the_probes_of_judged_runs(tmp_path):
     # 40 probes (the resize is not one), the slow one 11 medians long at the top
     assert "40 probe latencies" in spread["source"]
     assert spread["value"]["ratios"][-1] > spread["value"]["ratios"][-3] > 1.0
+

@@ -10,6 +10,11 @@ request, grant and release, ``time.perf_counter`` relative to the lock's ``t0``)
   ``_request``, the test and ``_grant`` inside ``with self._cond``) and the duration of the
   ``release()`` call (``with self._cond``, ``_release`` and ``notify_all`` with no waiter).
   Medians: ``lock_test_us`` and ``lock_release_us``.
+* ``first`` (``--first-n``, default 300): a fresh thread's first acquisitions. The lock is warmed
+  by the main thread first (as the judged runs' lock is by their earlier calls); then, ``n``
+  times, a new thread acquires it exclusively and releases it twice in a row, sleeps 500 us,
+  does it a third time, and is joined. Per thread the lock log's wait of each of the three.
+  Median of the first: ``lock_first_test_us`` (a one-call writer thread's test of a free lock).
 * ``handover`` for each waiter count k (``--waiters``, default 0,1,3,7): a holder thread holds
   the lock exclusively; a writer thread and k reader threads request it and block (writer
   preference, so the readers stay queued behind the writer); once all k+1 wait (the Condition's
@@ -30,7 +35,7 @@ request, grant and release, ``time.perf_counter`` relative to the lock's ``t0``)
 * ``sleep`` (``--sleeps-us``): a lone thread's ``time.sleep(S)``, ``--sleep-n`` times per S: how
   much longer than S it lasted (quantiles, the form of the CPU preset's ``sleep_overshoot_us``).
 
-    python3 tools/lock_wake_bench.py OUT.json [--n 2000] [--reps 300] [--waiters 0,1,3,7]
+    python3 tools/lock_wake_bench.py OUT.json [--n 2000] [--first-n 300] [--reps 300] [--waiters 0,1,3,7]
         [--drain-readers 8] [--drain-writers 0,1,2] [--drain-work-us 40,125] [--drain-s 0.5]
         [--drain-probes pdr,seed] [--sleeps-us 500,2000] [--sleep-n 1000]
 """
@@ -75,6 +80,31 @@ def free(n: int) -> dict:
             releases.append(r)
         lock.log.clear()
     return {"lock_log_wait": _q(waits), "release_call": _q(releases)}
+
+
+def first(n: int) -> dict:
+    lock = ThreadedSharedMutex("writer")
+    for _ in range(200):  # warm, as the judged runs' lock is
+        lock.acquire("main", LockMode.EXCLUSIVE, "bench")
+        lock.release("main")
+    lock.log.clear()
+    firsts, seconds, after_sleep = [], [], []
+
+    def one(name: str) -> None:
+        for record in (firsts, seconds, after_sleep):
+            if record is after_sleep:
+                time.sleep(500e-6)
+            acq = lock.acquire(name, LockMode.EXCLUSIVE, "bench")
+            lock.release(name)
+            record.append(acq.granted - acq.requested)
+
+    for i in range(n):
+        t = threading.Thread(target=one, args=(f"t{i}",))
+        t.start()
+        t.join()
+        lock.log.clear()
+    return {"first_lock_log_wait": _q(firsts), "second_lock_log_wait": _q(seconds),
+            "after_500us_sleep_lock_log_wait": _q(after_sleep)}
 
 
 def _waiting(lock: ThreadedSharedMutex) -> int:
@@ -222,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out")
     ap.add_argument("--n", type=int, default=2000)
     ap.add_argument("--reps", type=int, default=300)
+    ap.add_argument("--first-n", type=int, default=300)
     ap.add_argument("--waiters", default="0,1,3,7")
     ap.add_argument("--drain-readers", type=int, default=8)
     ap.add_argument("--drain-writers", default="0,1,2")
@@ -237,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                  "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
                  "python": sys.version, "machine": platform.node(), "n": a.n, "reps": a.reps}
     out["free"] = free(a.n)
+    out["first"] = first(a.first_n)
     out["handover"] = [handover(int(k), a.reps) for k in a.waiters.split(",")]
     out["drain"] = []
     for work in (float(x) for x in a.drain_work_us.split(",")):
@@ -256,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         "lock_test_us": test,
         "lock_release_us": out["free"]["release_call"]["median_us"],
         "lock_wake_us": round(max(k0["grant_after_release"]["median_us"] - test, 0.0), 3),
+        "lock_first_test_us": out["first"]["first_lock_log_wait"]["median_us"],
         "rule": "lock_test_us: free.lock_log_wait median; lock_release_us: free.release_call "
                 "median; lock_wake_us: handover with 1 waiter woken, grant_after_release median "
-                "less lock_test_us (floored at 0)"}
+                "less lock_test_us (floored at 0); lock_first_test_us: first."
+                "first_lock_log_wait median"}
     out["seconds"] = round(time.perf_counter() - t0, 1)
     Path(a.out).write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["derived"]), f"({out['seconds']} s)")

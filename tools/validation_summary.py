@@ -37,11 +37,12 @@ PLAN_JUDGE3 = PLAN / "2026-12-04-judge-3-summary.json"  # PROTOCOL-3.md's judge 
 CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
 CONCURRENCY_3 = Path("concurrency") / "judge-3" / "concurrency-judge.json"  # PROTOCOL-3
 CONCURRENCY_4 = Path("concurrency") / "judge-4" / "concurrency-judge.json"  # PROTOCOL-4
-# the latest pre-registered concurrency call (PROTOCOL-5: its verdict, design S); the earlier
+CONCURRENCY_5 = Path("concurrency") / "judge-5" / "concurrency-judge.json"  # PROTOCOL-5
+# the latest pre-registered concurrency call (PROTOCOL-6: its verdict, design C); the earlier
 # calls' tallies are kept beside it
-CONCURRENCY_5 = Path("concurrency") / "judge-5" / "concurrency-judge.json"
+CONCURRENCY_6 = Path("concurrency") / "judge-6" / "concurrency-judge.json"
 EARLIER_CONCURRENCY = {"concurrency_first_call": CONCURRENCY, "concurrency_call_3": CONCURRENCY_3,
-                       "concurrency_call_4": CONCURRENCY_4}
+                       "concurrency_call_4": CONCURRENCY_4, "concurrency_call_5": CONCURRENCY_5}
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {
@@ -123,7 +124,8 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     out["probe_history_files"] = files
     if (root / PLAN_REFIT).exists():
         out["plan_batches"] = plan_batches(root)
-    latest = next((p for p in (CONCURRENCY_5, CONCURRENCY_4, CONCURRENCY_3, CONCURRENCY)
+    latest = next((p for p in (CONCURRENCY_6, CONCURRENCY_5, CONCURRENCY_4, CONCURRENCY_3,
+                             CONCURRENCY)
                    if (root / p).exists()),
                   None)
     if latest is not None:

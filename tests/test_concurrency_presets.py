@@ -31,3 +31,25 @@ def test_a_lock_bench_without_the_first_condition_is_refused_naming_the_file():
     tool = load_tool("concurrency_preset6")
     with pytest.raises(ValueError, match=r"old\.json: derived\.lock_first_test_us: missing"):
         tool.build(_a(1.0), {"derived": {}}, "old.json", None, "")
+
+
+def test_design_d_takes_the_host_speed_from_the_one_at_a_time_runs(tmp_path):
+    import json
+    from pathlib import Path
+
+    bench = tmp_path / "b400.jsonl"
+    assert load_tool("gil_bench_runs").main([str(bench), "2", "--probes", "30"]) == 0
+    preset = Path(__file__).resolve().parents[1] / "kvsim" / "hardware" / "cpu" / "kvsim-python-h200host.json"
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"derived": {"lock_first_test_us": 10.0}}))
+    tool = load_tool("concurrency_preset6")
+    out_c, out_d = tmp_path / "c.json", tmp_path / "d.json"
+    assert tool.main([str(preset), str(lock), str(out_c), str(bench)]) == 0
+    assert tool.main([str(preset), str(lock), str(out_d), str(bench), "--speed-from-spread"]) == 0
+    c, d = json.loads(out_c.read_text()), json.loads(out_d.read_text())
+    shipped = json.loads(preset.read_text()).get("host_speed_factor")
+    assert c.get("host_speed_factor") == shipped and d["name"].endswith("-d")
+    factor = d["host_speed_factor"]["value"]
+    assert factor > 0 and "b400.jsonl" in d["host_speed_factor"]["source"]
+    # the first test comes back as measured: stored divided by the factor the loader applies
+    assert d["lock_first_test_us"]["value"] == pytest.approx(10.0 / factor, rel=1e-3)

@@ -10,7 +10,13 @@ diagnostics after call 5 measured (reports/validation-h200/concurrency/README.md
 * ``call_cpu_spread`` from benchmark runs whose threads run one at a time, as the judged closed
   loops do (tools/gil_bench_runs.py ``--probes 400``), by kvsim.calibration.host_speed.call_spread.
 
-    python3 tools/concurrency_preset6.py A.json LOCK_BENCH.json OUT.json SPREAD_BENCH.jsonl[.xz]...
+With ``--speed-from-spread`` (PROTOCOL-7's design D) the preset's ``host_speed_factor`` is first
+replaced by kvsim.calibration.host_speed.factor over the same one-thread-at-a-time runs (their
+median probe against its modelled price), instead of the contending GIL benchmark pairs' (call 6
+and its what-if 12, reports/validation-h200/concurrency/README.md).
+
+    python3 tools/concurrency_preset6.py [--speed-from-spread] A.json LOCK_BENCH.json OUT.json \\
+        SPREAD_BENCH.jsonl[.xz]...
 """
 
 from __future__ import annotations
@@ -62,17 +68,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("lock_bench", type=Path)
     ap.add_argument("out", type=Path)
     ap.add_argument("spread_bench", nargs="+", help="one-thread-at-a-time benchmark runs")
+    ap.add_argument("--speed-from-spread", action="store_true",
+                    help="the host speed factor from the same runs (design D)")
     args = ap.parse_args(argv)
     a = json.loads(args.preset_a.read_text())
     unstretched = {k: v for k, v in a.items() if k != "host_speed_factor"}
     runs = gh.runs_from_json([run for f in args.spread_bench for run in read_lines(f)])
-    spread = host_speed.call_spread(cpu_model_from_dict(unstretched, args.preset_a), runs)
+    cpu = cpu_model_from_dict(unstretched, args.preset_a)
+    spread = host_speed.call_spread(cpu, runs)
+    if args.speed_from_spread:
+        a["host_speed_factor"] = host_speed.preset_field(host_speed.factor(cpu, runs),
+                                                         ", ".join(args.spread_bench))
     try:
         c = build(a, read_json(args.lock_bench), str(args.lock_bench), spread,
                   ", ".join(args.spread_bench))
     except ValueError as e:
         print(f"concurrency_preset6.py: {e}", file=sys.stderr)
         return 2
+    if args.speed_from_spread:
+        c["name"] = f"{a.get('name', 'preset')}-d"
     args.out.write_text(json.dumps(c, indent=1) + "\n")
     print(json.dumps({k: c[k]["value"] for k in LOCK_TERMS if k in c} | {"spread": spread}))
     return 0

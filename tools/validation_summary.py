@@ -38,11 +38,13 @@ CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
 CONCURRENCY_3 = Path("concurrency") / "judge-3" / "concurrency-judge.json"  # PROTOCOL-3
 CONCURRENCY_4 = Path("concurrency") / "judge-4" / "concurrency-judge.json"  # PROTOCOL-4
 CONCURRENCY_5 = Path("concurrency") / "judge-5" / "concurrency-judge.json"  # PROTOCOL-5
-# the latest pre-registered concurrency call (PROTOCOL-6: its verdict, design C); the earlier
+CONCURRENCY_6 = Path("concurrency") / "judge-6" / "concurrency-judge.json"  # PROTOCOL-6
+# the latest pre-registered concurrency call (PROTOCOL-7: its verdict, design D); the earlier
 # calls' tallies are kept beside it
-CONCURRENCY_6 = Path("concurrency") / "judge-6" / "concurrency-judge.json"
+CONCURRENCY_7 = Path("concurrency") / "judge-7" / "concurrency-judge.json"
 EARLIER_CONCURRENCY = {"concurrency_first_call": CONCURRENCY, "concurrency_call_3": CONCURRENCY_3,
-                       "concurrency_call_4": CONCURRENCY_4, "concurrency_call_5": CONCURRENCY_5}
+                       "concurrency_call_4": CONCURRENCY_4, "concurrency_call_5": CONCURRENCY_5,
+                       "concurrency_call_6": CONCURRENCY_6}
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {
@@ -124,8 +126,8 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     out["probe_history_files"] = files
     if (root / PLAN_REFIT).exists():
         out["plan_batches"] = plan_batches(root)
-    latest = next((p for p in (CONCURRENCY_6, CONCURRENCY_5, CONCURRENCY_4, CONCURRENCY_3,
-                             CONCURRENCY)
+    latest = next((p for p in (CONCURRENCY_7, CONCURRENCY_6, CONCURRENCY_5, CONCURRENCY_4,
+                             CONCURRENCY_3, CONCURRENCY)
                    if (root / p).exists()),
                   None)
     if latest is not None:

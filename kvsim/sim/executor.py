@@ -207,8 +207,7 @@ class SimExecutor:
         thread, python_manager = e.thread, self.cpu.holds_gil
         test_s = self.lock_test_s(thread) if self.lock.recheck else 0.0
         wake_s = self.cpu.lock_wake_us * 1e-6 if self.lock.recheck else 0.0
-        later_s = self.cpu.lock_test_us * 1e-6 if self.lock.recheck else 0.0
-        retest_s = self.cpu.lock_retest_us * 1e-6 if self.cpu.lock_retest_us else later_s
+        retest_s = self.lock_retest_s()  # (paid only where waiters re-test: self.lock.recheck)
         self._waiting[thread] = ("lock", e.api)
         try:
             # With lock_test_us the first test is deferred: queued now, tested after its cost.
@@ -253,6 +252,11 @@ class SimExecutor:
             self._lock_tested.add(thread)
             return self.cpu.lock_first_test_us * 1e-6
         return self.cpu.lock_test_us * 1e-6
+
+    def lock_retest_s(self) -> float:
+        """Seconds of a woken waiter's re-test: ``lock_retest_us`` where measured, else
+        ``lock_test_us``."""
+        return (self.cpu.lock_retest_us or self.cpu.lock_test_us) * 1e-6
 
     def _do_invoke(self, e: pipeline.Invoke) -> tuple:
         return e.call.invoke(), 0.0

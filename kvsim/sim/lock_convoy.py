@@ -58,8 +58,7 @@ def acquire(ex, e: pipeline.AcquireLock):
     """The lock in ``e.mode`` through the mutex; returns None or the hazard."""
     thread, api = e.thread, e.api
     test_s = ex.lock_test_s(thread)
-    later_s = ex.cpu.lock_test_us * 1e-6
-    retest_s = ex.cpu.lock_retest_us * 1e-6 if ex.cpu.lock_retest_us else later_s
+    retest_s = ex.lock_retest_s()
     wake_s = ex.cpu.lock_wake_us * 1e-6
     ex._waiting[thread] = ("lock mutex", api)
     yield from take_mutex(ex, thread, api)

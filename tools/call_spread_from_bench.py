@@ -20,8 +20,7 @@ from pathlib import Path
 
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration import host_speed
-from kvsim.calibration.packed import read_json, read_lines
-from kvsim.model.cpu_cost import cpu_model_from_dict
+from kvsim.calibration.packed import read_json
 
 
 def judged_probes(results: dict) -> gh.HandoverRun:
@@ -44,12 +43,11 @@ def main(argv: list[str]) -> int:
     if args.upto_median_x is not None and not args.upto_median_x > 1.0:
         ap.error(f"--upto-median-x: must be over 1 (the median), got {args.upto_median_x:g}")
     preset = json.loads(args.preset.read_text())
-    unstretched = {k: v for k, v in preset.items() if k != "host_speed_factor"}
     if args.judged:
         runs = {0: [judged_probes(read_json(f)) for f in args.bench]}
     else:
-        runs = gh.runs_from_json([run for f in args.bench for run in read_lines(f)])
-    spread = host_speed.call_spread(cpu_model_from_dict(unstretched, args.preset), runs,
+        runs = gh.read_runs(args.bench)
+    spread = host_speed.call_spread(host_speed.unstretched(preset, args.preset), runs,
                                     args.upto_median_x)
     preset["call_cpu_spread"] = host_speed.spread_field(spread, ", ".join(args.bench))
     args.out.write_text(json.dumps(preset, indent=1) + "\n")

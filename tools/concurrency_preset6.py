@@ -28,16 +28,17 @@ from pathlib import Path
 
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration import host_speed
-from kvsim.calibration.packed import read_json, read_lines
-from kvsim.model.cpu_cost import cpu_model_from_dict
+from kvsim.calibration.packed import read_json
 
 LOCK_TERMS = ("lock_test_us", "lock_wake_us", "lock_first_test_us")
 
 
-def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_files: str) -> dict:
-    """Design C from preset ``a``, the lock bench's JSON and (if given) a spread table."""
+def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_files: str,
+          design: str = "c") -> dict:
+    """Design C (or D, whose ``a`` carries the speed of the spread's runs) from preset ``a``,
+    the lock bench's JSON and (if given) a spread table."""
     c = dict(a)
-    c["name"] = f"{a.get('name', 'preset')}-c"
+    c["name"] = f"{a.get('name', 'preset')}-{design}"
     c["description"] = (str(a.get("description", "")) + " PROTOCOL-6 design C: plus a thread's "
                         "first lock test, the lock terms at the judged runs' speed and the "
                         "spread of one-thread-at-a-time probes (tools/concurrency_preset6.py).")
@@ -72,21 +73,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="the host speed factor from the same runs (design D)")
     args = ap.parse_args(argv)
     a = json.loads(args.preset_a.read_text())
-    unstretched = {k: v for k, v in a.items() if k != "host_speed_factor"}
-    runs = gh.runs_from_json([run for f in args.spread_bench for run in read_lines(f)])
-    cpu = cpu_model_from_dict(unstretched, args.preset_a)
+    runs = gh.read_runs(args.spread_bench)
+    cpu = host_speed.unstretched(a, args.preset_a)
     spread = host_speed.call_spread(cpu, runs)
     if args.speed_from_spread:
         a["host_speed_factor"] = host_speed.preset_field(host_speed.factor(cpu, runs),
                                                          ", ".join(args.spread_bench))
     try:
         c = build(a, read_json(args.lock_bench), str(args.lock_bench), spread,
-                  ", ".join(args.spread_bench))
+                  ", ".join(args.spread_bench), "d" if args.speed_from_spread else "c")
     except ValueError as e:
         print(f"concurrency_preset6.py: {e}", file=sys.stderr)
         return 2
-    if args.speed_from_spread:
-        c["name"] = f"{a.get('name', 'preset')}-d"
     args.out.write_text(json.dumps(c, indent=1) + "\n")
     print(json.dumps({k: c[k]["value"] for k in LOCK_TERMS if k in c} | {"spread": spread}))
     return 0

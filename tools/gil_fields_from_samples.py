@@ -20,7 +20,7 @@ from pathlib import Path
 from kvsim.calibration import gil_fit, host_speed
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration.cpu_fit import gil_fields, machine_label
-from kvsim.calibration.packed import read_json, read_lines
+from kvsim.calibration.packed import read_json
 from kvsim.model.cpu_cost import cpu_model_from_dict
 
 GIL_KEYS = ("gil_hold_ms", "gil_hold_waiter_exponent", "gil_recent_taker_share",
@@ -36,12 +36,11 @@ def main(argv: list[str]) -> int:
     samples_file, preset_file, bench_files = Path(argv[0]), Path(argv[1]), argv[2:]
     samples = read_json(samples_file)
     if bench_files:
-        raw = [run for f in bench_files for run in read_lines(f)]
+        runs = gh.read_runs(bench_files)
         source = ", ".join(bench_files)
     else:
-        raw = samples["gil_handover"]["raw_runs"]
+        runs = gh.runs_from_json(samples["gil_handover"]["raw_runs"])
         source = str(samples_file)
-    runs = gh.runs_from_json(raw)
     est = gh.estimate([r for rs in runs.values() for r in rs])
     preset = json.loads(preset_file.read_text())
     for key in GIL_KEYS:

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kvsim.calibration.packed import read_lines
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig
 from kvsim.runtime.steps import Step
 from kvsim.workloads import burst_resize
@@ -139,6 +140,12 @@ def runs_from_json(raw: list[dict]) -> dict[int, list[HandoverRun]]:
         out.setdefault(int(r.get("threads", len(starts))), []).append(
             HandoverRun([(c[0], c[1], c[2]) for c in r["calls"]], starts))
     return dict(sorted(out.items()))
+
+
+def read_runs(files) -> dict[int, list[HandoverRun]]:
+    """:func:`runs_from_json` of every run in benchmark files (tools/gil_bench_runs.py's JSONL,
+    plain, ``.gz`` or ``.xz``), by thread count."""
+    return runs_from_json([run for f in files for run in read_lines(f)])
 
 
 def measure(runs: int = 3, threads: int = BENCH_THREADS, probes: int = BENCH_PROBES,

@@ -18,7 +18,7 @@ import numpy as np
 
 from kvsim.calibration import gil_handover as gh
 from kvsim.manager.plan import WorkCounts
-from kvsim.model.cpu_cost import CpuCostModel
+from kvsim.model.cpu_cost import CpuCostModel, cpu_model_from_dict
 
 
 def bench_probe_counts() -> WorkCounts:
@@ -33,6 +33,12 @@ def modelled_probe_s(cpu: CpuCostModel, counts: WorkCounts | None = None) -> flo
     sides plus the manager's work (``counts``: the probe's, :func:`bench_probe_counts`, made
     here when not given)."""
     return cpu.python_call_us * 1e-6 + cpu.seconds(bench_probe_counts() if counts is None else counts)
+
+
+def unstretched(preset: dict, path) -> CpuCostModel:
+    """A preset (its JSON ``dict``, from ``path``) loaded without its ``host_speed_factor``:
+    the model :func:`factor` and :func:`call_spread` price the benchmark's probe with."""
+    return cpu_model_from_dict({k: v for k, v in preset.items() if k != "host_speed_factor"}, path)
 
 
 def probe_latencies(runs: dict[int, list[gh.HandoverRun]], needed_for: str) -> np.ndarray:

@@ -256,12 +256,13 @@ def _run_with(tmp_path, workload, cpu, policy="reader"):
     return execute(parse_scenario({**sf.data, "cpu_model": cpu}, sf.source))
 
 
-def _runs_without_and_with(tmp_path, workload, policy="reader", **fields):
-    """``workload`` run with toy-cpu as a Python manager's preset, plain and with ``fields``."""
+def _runs_without_and_with(tmp_path, workload, policy="reader", with_runs=1, **fields):
+    """``workload`` run with toy-cpu as a Python manager's preset, plain and (``with_runs``
+    times) with ``fields``."""
     plain, other = _preset_files(tmp_path, **fields)
     try:
         return (_run_with(tmp_path, workload, plain.name, policy),
-                _run_with(tmp_path, workload, other.name, policy))
+                *(_run_with(tmp_path, workload, other.name, policy) for _ in range(with_runs)))
     finally:
         plain.unlink()
         other.unlink()
@@ -437,13 +438,8 @@ def test_lock_retest_us_prices_a_woken_waiters_retest_apart_from_the_first_test(
 def test_call_cpu_spread_scales_each_calls_cpu_by_a_seeded_draw(tmp_path):
     """call_cpu_spread: each manager call's modelled CPU is multiplied by a draw from the table
     (here 1x-3x), the same draws for the same seed; without it every probe costs the same."""
-    plain, spread = _preset_files(tmp_path, call_cpu_spread={"probs": [0, 1],
-                                                             "ratios": [1.0, 3.0]})
-    try:
-        runs = [_run_with(tmp_path, ONE_PROBER, p.name) for p in (plain, spread, spread)]
-    finally:
-        plain.unlink()
-        spread.unlink()
+    runs = _runs_without_and_with(tmp_path, ONE_PROBER, with_runs=2,
+                                  call_cpu_spread={"probs": [0, 1], "ratios": [1.0, 3.0]})
 
     def cpu(r):
         return [c["cpu_ms"] for c in r["calls"] if c["thread"] == "probe0"]
@@ -483,13 +479,9 @@ def test_a_call_cpu_spread_that_is_not_a_rising_table_of_positive_ratios_is_refu
 def test_sleep_overshoot_us_lengthens_each_sleep_by_a_seeded_draw(tmp_path):
     """sleep_overshoot_us: each sleep lasts longer by a draw from the table (here 100-300 us),
     the same draws for the same seed; without it a sleep lasts as asked."""
-    plain, late = _preset_files(tmp_path, sleep_overshoot_us={"probs": [0, 1],
-                                                              "quantiles_us": [100.0, 300.0]})
-    try:
-        runs = [_run_with(tmp_path, ONE_PROBER, p.name) for p in (plain, late, late)]
-    finally:
-        plain.unlink()
-        late.unlink()
+    runs = _runs_without_and_with(tmp_path, ONE_PROBER, with_runs=2,
+                                  sleep_overshoot_us={"probs": [0, 1],
+                                                      "quantiles_us": [100.0, 300.0]})
 
     def gaps(r):
         mine = sorted((c for c in r["calls"] if c["thread"] == "probe0"), key=lambda c: c["start_ms"])

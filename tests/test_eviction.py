@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 from kvsim.errors import OutOfPagesError
-from kvsim.manager.eviction import select_victims
+from kvsim.manager import eviction
+from kvsim.manager.eviction import first_in_order, select_victims
 from kvsim.manager.pages import PageTable
 from kvsim.manager.slots import SlotAllocator
+from kvsim.manager.unique_ids import unique_ids, unique_union
 
 
 def table(priority, last_used, depth) -> tuple[PageTable, np.ndarray]:
@@ -38,6 +40,52 @@ def test_partial_selection_matches_the_full_order():
         assert select_victims(pages, ids, k).tolist() == full[:k].tolist()
     with pytest.raises(ValueError):
         select_victims(pages, ids, n + 1)
+
+
+def _by_key_then_id(candidates: np.ndarray, keys: np.ndarray, n: int) -> list[int]:
+    return candidates[np.lexsort((candidates, keys))][:n].tolist()
+
+
+def _narrows(keys: np.ndarray, n: int) -> bool:
+    """Whether first_in_order's sampled estimate keeps at least n keys (else it uses them all)."""
+    sample = np.sort(keys[::keys.size // eviction._SAMPLE])
+    at = min(sample.size - 1, 2 * n * sample.size // keys.size + 8)
+    return int(np.count_nonzero(keys <= sample[at])) >= n
+
+
+@pytest.mark.parametrize("size", [eviction._NARROW_MIN, 9000, 90_000])
+def test_many_candidates_give_the_full_orders_first_pages_whether_narrowed_or_not(size):
+    """Among many candidates the selection is first narrowed by a key estimated from a sample:
+    exact on random keys with many ties (narrowed), and on keys arranged so that the sample
+    sees only the smallest ones (the estimate falls short and every candidate is ranked)."""
+    rng = np.random.default_rng(size)
+    candidates = np.sort(rng.choice(4 * size, size, replace=False)).astype(np.int32)
+    tied = rng.integers(0, 40, size).astype(np.int64)  # ~size/40 candidates per key
+    stride = size // eviction._SAMPLE
+    fooled = np.full(size, 10**6, dtype=np.int64)
+    fooled[::stride] = np.arange(fooled[::stride].size)  # small keys only where sampled
+    many = size // eviction._NARROW_RATIO
+    for keys in (tied, fooled):
+        for n in (1, 7, 100, many):
+            assert first_in_order(candidates, keys, n).tolist() == _by_key_then_id(candidates, keys, n)
+    assert _narrows(tied, 100) and _narrows(tied, many)
+    # A sample of every 2nd key always keeps enough; from every 3rd on it can fall short.
+    assert _narrows(fooled, many) == (stride < 3)
+
+
+def test_unique_ids_and_unique_union_are_np_unique():
+    """Both give np.unique's answer: a reservoir's sorted ids merged with reported pages (with
+    repeats and ids already in it), an unsorted first part too, and empty parts."""
+    rng = np.random.default_rng(3)
+    for _ in range(300):
+        first = rng.integers(0, 500, int(rng.integers(0, 60))).astype(np.int32)
+        more = [rng.integers(0, 500, int(rng.integers(0, 40))).astype(np.int32)
+                for _ in range(int(rng.integers(1, 4)))]
+        every = np.concatenate([first, *more])
+        for part in (np.unique(first), first):  # sorted, as a reservoir's, or not
+            got = unique_union(part, more)
+            assert got.dtype == np.int32 and got.tolist() == np.unique(every).tolist()
+        assert unique_ids(every).tolist() == np.unique(every).tolist()
 
 
 def test_page_rows_are_reused_and_generation_bumps():

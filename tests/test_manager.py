@@ -619,3 +619,30 @@ def test_a_remembered_walk_is_forgotten_when_the_tree_changes():
     tail.commit(tokens(4, 2))
     tail.stop_committing()  # commits the partial block (RadixTree.add_node)
     assert probe(6) == 6
+
+
+def test_reuse_tier_segments_merge_equal_levels_block_by_block():
+    """``_tier_segments`` (one numpy pass) against its definition, block by block: a block holds
+    ``min(tokens_per_block, history - its first token)`` tokens; neighbours loaded from the same
+    level (or from none, -1 -> None) share a run. Random levels, lengths and histories, short
+    and past the blocks too."""
+    from kvsim.manager.kv_cache import _tier_segments
+
+    def by_blocks(levels: list[int], history: int, tpb: int) -> list[tuple[int | None, int]]:
+        runs: list[tuple[int | None, int]] = []
+        for b, level in enumerate(levels):
+            tier, n = (None if level < 0 else level), min(tpb, history - b * tpb)
+            if runs and runs[-1][0] == tier:
+                runs[-1] = (tier, runs[-1][1] + n)
+            else:
+                runs.append((tier, n))
+        return runs
+
+    rng = np.random.default_rng(5)
+    for _ in range(3000):
+        levels = rng.integers(-1, 3, int(rng.integers(0, 12))).astype(np.int64)
+        tpb = int(rng.integers(1, 5))
+        history = int(rng.integers(0, levels.size * tpb + 3))
+        got = _tier_segments(levels, history, tpb)
+        assert got == by_blocks(levels.tolist(), history, tpb)
+        assert all(type(n) is int and (t is None or type(t) is int) for t, n in got)

@@ -37,13 +37,31 @@ def select_victims(pages: PageTable, candidates: np.ndarray, n: int) -> np.ndarr
     return first_in_order(candidates, eviction_keys(pages, candidates), n)
 
 
+# A selection of n among at least this many candidates, and at least _NARROW_RATIO times n,
+# first narrows them to the keys at or below a key estimated from a sample (see first_in_order).
+_NARROW_MIN = 2048
+_NARROW_RATIO = 8
+_SAMPLE = 1024
+
+
 def first_in_order(candidates: np.ndarray, keys: np.ndarray, n: int) -> np.ndarray:
     """The ``n`` first of ``candidates`` by (key, page id), in that order.
 
-    Uses a partial selection (O(candidates)) and sorts only the chosen pages.
+    Uses a partial selection (O(candidates)) and sorts only the chosen pages. Among many
+    candidates (an eviction index's rebuild ranks a whole level), the partial selection is
+    narrowed first to the keys at or below one that a strided sample puts safely past the n-th:
+    ``np.partition`` of 90K int64 keys costs ~1.2 ms, a comparison and a gather a fraction of it.
+    Exact: when fewer than ``n`` keys are at or below the estimate, all candidates are used.
     """
     if n <= 0:
         return candidates[:0]
+    if candidates.size >= _NARROW_MIN and n * _NARROW_RATIO <= candidates.size:
+        sample = np.sort(keys[::candidates.size // _SAMPLE])
+        # twice the share of the sample the n first would take, plus a margin for small n
+        at = min(sample.size - 1, 2 * n * sample.size // candidates.size + 8)
+        low = keys <= sample[at]
+        if np.count_nonzero(low) >= n:
+            candidates, keys = candidates[low], keys[low]
     if n < candidates.size:
         kth = np.partition(keys, n - 1)[n - 1]
         below = keys < kth

@@ -22,7 +22,7 @@ from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.eviction import eviction_keys, first_in_order
 from kvsim.manager.pages import PageTable
 from kvsim.manager.slots import SlotAllocator
-from kvsim.manager.unique_ids import unique_ids
+from kvsim.manager.unique_ids import unique_union
 
 RESERVOIR_PAGES = 4096
 # A reservoir whose reported pages pile up past this many is dropped (rebuilt on next use): by
@@ -93,7 +93,7 @@ class EvictionIndex:
         if res is not None:
             cand = res.ids
             if res.pending:
-                cand = unique_ids(np.concatenate([cand, *res.pending]))
+                cand = unique_union(cand, res.pending)  # ids: sorted, but for a scanned one
                 res.pending, res.pending_pages = [], 0
             # Re-checked even without reports: the reservoir itself need not be reported to.
             cand = cand[self._here(cand, level, group)]

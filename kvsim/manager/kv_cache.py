@@ -428,15 +428,7 @@ class KvCache:
         if m.stats.enabled and blocks:
             self._pending.record_reuse(full, partial, by_level)
         if toks is not None:
-            segments: list[tuple[int | None, int]] = []
-            for b, level in enumerate(block_level.tolist()):
-                tier = None if level < 0 else level
-                n = min(tpb, history - b * tpb)
-                if segments and segments[-1][0] == tier:
-                    segments[-1] = (tier, segments[-1][1] + n)
-                else:
-                    segments.append((tier, n))
-            self._reuse_tier_segments = segments
+            self._reuse_tier_segments = _tier_segments(block_level, history, tpb)
         self._tokens = (toks[:history] if toks is not None else self._tokens).copy()
         self._capacity = self._history = history
         self._committed_blocks = len(match.nodes)
@@ -880,3 +872,16 @@ class PlannedDrop:
                 self.drop()
         except Exception:  # noqa: BLE001 - never raise from a destructor
             pass
+
+
+def _tier_segments(block_level: np.ndarray, history: int, tpb: int) -> list[tuple[int | None, int]]:
+    """Runs of reused blocks loaded from one level: ``(level or None when nothing loads them,
+    tokens)``, in block order (the last block holds ``history``'s remainder). One pass in numpy:
+    a prompt reuses hundreds of blocks."""
+    if block_level.size == 0:
+        return []
+    starts = np.flatnonzero(np.diff(block_level, prepend=block_level[0] - 1))
+    per_block = np.minimum(tpb, history - tpb * np.arange(block_level.size, dtype=np.int64))
+    tokens = np.add.reduceat(per_block, starts)
+    return [(None if level < 0 else level, n)
+            for level, n in zip(block_level[starts].tolist(), tokens.tolist())]

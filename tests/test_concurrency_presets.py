@@ -53,3 +53,38 @@ def test_design_d_takes_the_host_speed_from_the_one_at_a_time_runs(tmp_path):
     assert factor > 0 and "b400.jsonl" in d["host_speed_factor"]["source"]
     # the first test comes back as measured: stored divided by the factor the loader applies
     assert d["lock_first_test_us"]["value"] == pytest.approx(10.0 / factor, rel=1e-3)
+
+
+def _measured(root, waits: dict[str, list]) -> str:
+    """A measured-runs directory as the concurrency runs write it: manifest, v/CASE/rN."""
+    import json
+
+    (root / "manifest.json").write_text(json.dumps({"mode": "hw"}))
+    for case, per_run in waits.items():
+        for r, wait in enumerate(per_run, 1):
+            d = root / "v" / case / f"r{r}"
+            d.mkdir(parents=True)
+            (d / "results.json").write_text(json.dumps(
+                {"starvation": {} if wait is None else {"longest_writer_wait_ms": wait}}))
+    return str(root)
+
+
+def test_design_e_takes_the_first_test_from_the_fit_cases_writer_waits(tmp_path):
+    """--first-test-from: the median longest writer wait of the named cases' runs, in us, stored
+    divided by the host speed factor like the other lock terms; other cases are not read."""
+    tool = load_tool("concurrency_preset6")
+    m = _measured(tmp_path, {"probe_starvation.buggy": [0.012, 0.020, None],
+                             "probe_starvation.fixed": [0.015, 0.011],
+                             "probe_drain.buggy": [9.0, 9.0]})
+    value, source = tool.writer_first_test_us(f"{m}:probe_starvation.buggy,probe_starvation.fixed")
+    assert value == pytest.approx(13.5) and "median of 4 runs" in source
+    bench = {"derived": {"lock_first_test_us": 10.0}}
+    e = tool.build(_a(0.5), bench, "lb.json", None, "", "e", (value, source))
+    assert e["lock_first_test_us"]["value"] == pytest.approx(27.0) and e["name"] == "p-e"
+    assert "probe_starvation.buggy" in e["lock_first_test_us"]["source"]
+    with pytest.raises(ValueError, match="has no runs of 'gil_deadlock.buggy'"):
+        tool.writer_first_test_us(f"{m}:gil_deadlock.buggy")
+    with pytest.raises(ValueError, match="expected MEASURED_DIR:CASE"):
+        tool.writer_first_test_us(m)
+    with pytest.raises(SystemExit):  # design E is D's terms plus it
+        tool.main(["a.json", "lb.json", "out.json", "b.jsonl", "--first-test-from", f"{m}:x"])

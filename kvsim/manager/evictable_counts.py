@@ -41,26 +41,32 @@ class EvictableCounts:
             self._pending.append(ids)
 
     def _flush(self) -> None:
-        if not self._pending:
+        # Runs on most reads (tens of thousands of times in a long replay), mostly for a few
+        # dozen rows: few numpy calls, and the counts touched only for rows whose cell changed.
+        pending = self._pending
+        if not pending:
             return
-        ids = np.concatenate(self._pending)
-        self._pending.clear()
+        ids = np.concatenate(pending) if len(pending) > 1 else pending[0]
+        self._pending = []
         p = self.pages
         if self.cell.size < p.capacity:
             grown = np.full(p.capacity, -1, dtype=np.int32)
             grown[:self.cell.size] = self.cell
             self.cell = grown
-        ids = unique_ids(ids)  # each row once: a duplicate would count twice
-        old = self.cell[ids]
-        levels = p.level[ids].astype(np.int64)
-        live = levels >= 0
-        evictable = np.zeros(ids.size, dtype=bool)
-        evictable[live] = p.evictable(ids[live], self.last_level)
-        new = np.where(evictable, levels * self.num_groups + p.pool_group[ids], -1)
+        ids = unique_ids(ids).astype(np.intp)  # each row once: a duplicate would count twice
+        levels = p.level.take(ids)
+        evictable = p.evictable(ids, self.last_level) & (levels >= 0)  # freed rows: no cell
+        new = np.where(evictable, levels.astype(np.int32) * self.num_groups + p.pool_group.take(ids),
+                       -1)
+        old = self.cell.take(ids)
+        moved = old != new
+        if not moved.any():
+            return
+        old, new = old[moved], new[moved]
         size = self.counts.size
-        self.counts -= np.bincount(old[old >= 0], minlength=size)
         self.counts += np.bincount(new[new >= 0], minlength=size)
-        self.cell[ids] = new
+        self.counts -= np.bincount(old[old >= 0], minlength=size)
+        self.cell[ids[moved]] = new
 
     def count(self, level: int, group: int) -> int:
         self._flush()

@@ -283,6 +283,9 @@ class RadixTree:
     def remove_subtree(self, node: Node) -> list[Node]:
         """Detach ``node`` and every node below it; returns them, deepest first. The caller
         takes their pages out of the tree."""
+        if not node.children:  # the common case: eviction drops the deepest blocks first
+            self._detach(node)
+            return [node]
         out: list[Node] = []
         stack = [node]
         while stack:  # pre-order, reversed below: children before their parents

@@ -43,3 +43,18 @@ def test_bench_command_prints_the_required_keys(capsys):
         assert key in out
     assert out["offloaded_pages"] == 6380 and out["offloaded_bytes"] == 104_529_920
     assert out["per_page_stats_commits"] == 6380  # one per page; the allocation stays pending
+
+
+def test_the_timed_replay_digest_names_every_calls_answer(capsys):
+    """``--digest``: equal for two runs of the same replay, different when the replay's calls
+    change (a larger decode step: fewer, bigger commits)."""
+    from kvsim.bench.replay import main as replay_main
+
+    def digest(*extra: str) -> str:
+        assert replay_main(["--timed-only", "--max-requests", "12", "--digest", "--json",
+                            *extra]) == 0
+        return json.loads(capsys.readouterr().out)["calls_digest"]
+
+    first = digest()
+    assert len(first) == 64 and digest() == first
+    assert digest("--decode-step-tokens", "64") != first

@@ -14,12 +14,14 @@
   around ``SimExecutor.run``. Reports wall seconds, simulated seconds, calls and SimPy events per
   second. Target: < 30 s on a 2-core machine.
 
-Run: ``python -m kvsim.bench.replay [TRACE] [--capacity-tokens N] [--timed] [--json]``.
+Run: ``python -m kvsim.bench.replay [TRACE] [--capacity-tokens N] [--timed] [--digest] [--json]``
+(``--digest``: the timed replay also reports ``calls_digest``, to compare two versions' answers).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
@@ -114,10 +116,21 @@ def timed_config(tokens_per_block: int = TIMED_TOKENS_PER_BLOCK, enable_stats: b
     )
 
 
+def calls_digest(calls) -> str:
+    """SHA-256 over every call record's identity, times, outcome, work counts and CPU seconds:
+    equal digests mean a change left every call of the replay as it was (the issue-21 rule)."""
+    h = hashlib.sha256()
+    for c in calls:
+        h.update(json.dumps([c.index, c.thread, c.api, c.start, c.lock_granted, c.end, c.ok,
+                             c.counts, c.cpu_s, c.copies_done], sort_keys=True).encode())
+    return h.hexdigest()
+
+
 def timed(trace_path: str, max_requests: int | None = None, client_threads: int | None = None,
           decode_step_tokens: int = 32, check: bool = False, hardware: str = "h200-sxm",
           cpu_model: str = "kvcm2-cpp", enable_stats: bool = True,
-          probe_on_arrival: bool = True, tile: int = 1, span_s: float | None = None) -> dict:
+          probe_on_arrival: bool = True, tile: int = 1, span_s: float | None = None,
+          digest: bool = False) -> dict:
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
     from kvsim.model.cpu_cost import load_cpu_model
@@ -139,7 +152,8 @@ def timed(trace_path: str, max_requests: int | None = None, client_threads: int 
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0
     failed = sum(1 for c in run.calls if not c.ok)
-    return {
+    extra = {"calls_digest": calls_digest(run.calls)} if digest else {}
+    return extra | {
         "benchmark": "replay_timed_sim",
         "trace": trace.path,
         "timing": "perf_counter around SimExecutor.run (threads, manager calls, SimPy)",
@@ -193,6 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--span-s", type=float,
                    help="with --tile: seconds the copies span in all (3 copies over 3600: the "
                         "one-hour, 11,979-request trace)")
+    p.add_argument("--digest", action="store_true",
+                   help="timed replay: add calls_digest, a hash of every call record (computed "
+                        "after the timing), to compare two versions' answers")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if not Path(args.trace).exists():
@@ -206,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         out.append(timed(args.trace, args.max_requests, args.client_threads,
                          args.decode_step_tokens, args.check,
                          enable_stats=not args.no_stats, probe_on_arrival=not args.no_probe,
-                         tile=args.tile, span_s=args.span_s))
+                         tile=args.tile, span_s=args.span_s, digest=args.digest))
     for result in out:
         if args.json:
             print(json.dumps(result, sort_keys=True))

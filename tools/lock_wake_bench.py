@@ -15,6 +15,11 @@ request, grant and release, ``time.perf_counter`` relative to the lock's ``t0``)
   times, a new thread acquires it exclusively and releases it twice in a row, sleeps 500 us,
   does it a third time, and is joined. Per thread the lock log's wait of each of the three.
   Median of the first: ``lock_first_test_us`` (a one-call writer thread's test of a free lock).
+  With ``--first-busy K[,K...]``, again with K background threads running meanwhile, never
+  touching the lock: a pure-Python spin (``--first-busy-work spin``) or a shipped scenario's
+  manager probe in a closed loop (``pdr``, ``seed``), as the judged closed loops' probe threads
+  run (call 8: free-lock writers waited 0.0105-0.0163 ms in the closed loops, 0.0080-0.0096 in
+  the loops that sleep; reports/validation-h200/concurrency/README.md, "Call 8").
 * ``handover`` for each waiter count k (``--waiters``, default 0,1,3,7): a holder thread holds
   the lock exclusively; a writer thread and k reader threads request it and block (writer
   preference, so the readers stay queued behind the writer); once all k+1 wait (the Condition's
@@ -38,6 +43,7 @@ request, grant and release, ``time.perf_counter`` relative to the lock's ``t0``)
     python3 tools/lock_wake_bench.py OUT.json [--n 2000] [--first-n 300] [--reps 300] [--waiters 0,1,3,7]
         [--drain-readers 8] [--drain-writers 0,1,2] [--drain-work-us 40,125] [--drain-s 0.5]
         [--drain-probes pdr,seed] [--sleeps-us 500,2000] [--sleep-n 1000]
+        [--first-busy 0,4,8] [--first-busy-work spin|pdr|seed]
 """
 
 from __future__ import annotations
@@ -82,7 +88,27 @@ def free(n: int) -> dict:
     return {"lock_log_wait": _q(waits), "release_call": _q(releases)}
 
 
-def first(n: int) -> dict:
+def first(n: int, busy: int = 0, work=None) -> dict:
+    """The ``first`` condition; ``busy`` background threads call ``work`` (default: a spin) in
+    a closed loop meanwhile, without the lock."""
+    stop = threading.Event()
+
+    def background() -> None:
+        while not stop.is_set():
+            work() if work is not None else _spin(2000)
+
+    threads = [threading.Thread(target=background, daemon=True) for _ in range(busy)]
+    for t in threads:
+        t.start()
+    try:
+        return _first(n)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+
+
+def _first(n: int) -> dict:
     lock = ThreadedSharedMutex("writer")
     for _ in range(200):  # warm, as the judged runs' lock is
         lock.acquire("main", LockMode.EXCLUSIVE, "bench")
@@ -262,13 +288,27 @@ def main(argv: list[str] | None = None) -> int:
                     "inside the lock: pdr, seed (comma-separated)")
     ap.add_argument("--sleeps-us", default="", help="also time a lone time.sleep of these us")
     ap.add_argument("--sleep-n", type=int, default=1000)
+    ap.add_argument("--first-busy", default="", help="also the first condition with these many "
+                    "background threads running (comma-separated, e.g. 0,4,8)")
+    ap.add_argument("--first-busy-work", default="spin", choices=("spin", *PROBES),
+                    help="what the background threads run: a pure-Python spin or a scenario's "
+                         "manager probe")
     a = ap.parse_args(argv)
+    busy = [int(k) for k in a.first_busy.split(",") if k]
+    if any(k < 0 for k in busy):
+        ap.error(f"--first-busy: thread counts must be >= 0, got {a.first_busy!r}")
     t0 = time.perf_counter()
     out: dict = {"what": "tools/lock_wake_bench.py: hw.rwlock.ThreadedSharedMutex timed alone",
                  "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
                  "python": sys.version, "machine": platform.node(), "n": a.n, "reps": a.reps}
     out["free"] = free(a.n)
     out["first"] = first(a.first_n)
+    if busy:
+        work = keep = None  # keep: what the probe needs alive
+        if a.first_busy_work != "spin":
+            work, keep, _alone_us = probe_work(a.first_busy_work)
+        out["first_busy"] = [{"busy_threads": k, "work": a.first_busy_work,
+                              **first(a.first_n, k, work)} for k in busy]
     out["handover"] = [handover(int(k), a.reps) for k in a.waiters.split(",")]
     out["drain"] = []
     for work in (float(x) for x in a.drain_work_us.split(",")):

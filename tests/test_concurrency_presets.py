@@ -88,3 +88,23 @@ def test_design_e_takes_the_first_test_from_the_fit_cases_writer_waits(tmp_path)
         tool.writer_first_test_us(m)
     with pytest.raises(SystemExit):  # design E is D's terms plus it
         tool.main(["a.json", "lb.json", "out.json", "b.jsonl", "--first-test-from", f"{m}:x"])
+
+
+def test_bad_inputs_are_refused_naming_the_file_before_anything_is_written(tmp_path, capsys):
+    """A missing preset, a preset that is not JSON and a lock bench without ``derived``: exit 2,
+    the file named, no output file."""
+    import json
+
+    tool = load_tool("concurrency_preset6")
+    out = tmp_path / "out.json"
+    bench = tmp_path / "b.jsonl"
+    bench.write_text("")
+    lock = tmp_path / "lock.json"
+    lock.write_text(json.dumps({"free": {}}))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    for preset, named in ((tmp_path / "missing.json", "missing.json"), (bad, "bad.json: not JSON")):
+        assert tool.main([str(preset), str(lock), str(out), str(bench)]) == 2
+        assert named in capsys.readouterr().err and not out.exists()
+    with pytest.raises(ValueError, match=r"lock\.json: derived: missing"):
+        tool.build(_a(1.0), {"free": {}}, "lock.json", None, "")

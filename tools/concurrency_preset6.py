@@ -53,7 +53,10 @@ def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_fil
     c["description"] = (str(a.get("description", "")) + " PROTOCOL-6 design C: plus a thread's "
                         "first lock test, the lock terms at the judged runs' speed and the "
                         "spread of one-thread-at-a-time probes (tools/concurrency_preset6.py).")
-    d = bench["derived"]
+    d = bench.get("derived")
+    if not isinstance(d, dict):
+        raise ValueError(f"{bench_file}: derived: missing (not a tools/lock_wake_bench.py "
+                         "output)")
     if first_test is not None:
         c["lock_first_test_us"] = {"value": first_test[0], "source": first_test[1]}
         c["description"] += (" PROTOCOL-8 design E: a thread's first lock test from the judged "
@@ -77,6 +80,13 @@ def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_fil
     if spread is not None:
         c["call_cpu_spread"] = host_speed.spread_field(spread, spread_files)
     return c
+
+
+def _json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON: {e}") from None
 
 
 def writer_first_test_us(spec: str) -> tuple[float, str]:
@@ -120,19 +130,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.first_test_from and not args.speed_from_spread:
         ap.error("--first-test-from is design E, design D's terms plus it: give "
                  "--speed-from-spread too")
-    a = json.loads(args.preset_a.read_text())
-    runs = gh.read_runs(args.spread_bench)
-    cpu = host_speed.unstretched(a, args.preset_a)
-    spread = host_speed.call_spread(cpu, runs)
-    if args.speed_from_spread:
-        a["host_speed_factor"] = host_speed.preset_field(host_speed.factor(cpu, runs),
-                                                         ", ".join(args.spread_bench))
     design = "e" if args.first_test_from else "d" if args.speed_from_spread else "c"
-    try:
+    try:  # every input read and checked before the output is written
+        a = _json(args.preset_a)
+        runs = gh.read_runs(args.spread_bench)
+        cpu = host_speed.unstretched(a, args.preset_a)
+        spread = host_speed.call_spread(cpu, runs)
+        if args.speed_from_spread:
+            a["host_speed_factor"] = host_speed.preset_field(host_speed.factor(cpu, runs),
+                                                             ", ".join(args.spread_bench))
         first = writer_first_test_us(args.first_test_from) if args.first_test_from else None
         c = build(a, read_json(args.lock_bench), str(args.lock_bench), spread,
                   ", ".join(args.spread_bench), design, first)
-    except ValueError as e:
+    except (OSError, ValueError, KvsimError) as e:
         print(f"concurrency_preset6.py: {e}", file=sys.stderr)
         return 2
     args.out.write_text(json.dumps(c, indent=1) + "\n")

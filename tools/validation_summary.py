@@ -40,12 +40,14 @@ CONCURRENCY_4 = Path("concurrency") / "judge-4" / "concurrency-judge.json"  # PR
 CONCURRENCY_5 = Path("concurrency") / "judge-5" / "concurrency-judge.json"  # PROTOCOL-5
 CONCURRENCY_6 = Path("concurrency") / "judge-6" / "concurrency-judge.json"  # PROTOCOL-6
 CONCURRENCY_7 = Path("concurrency") / "judge-7" / "concurrency-judge.json"  # PROTOCOL-7
-# the latest pre-registered concurrency call (PROTOCOL-8: its verdict, design E); the earlier
+CONCURRENCY_8 = Path("concurrency") / "judge-8" / "concurrency-judge.json"  # PROTOCOL-8
+# the latest pre-registered concurrency call (PROTOCOL-9: its verdict, design E9); the earlier
 # calls' tallies are kept beside it
-CONCURRENCY_8 = Path("concurrency") / "judge-8" / "concurrency-judge.json"
+CONCURRENCY_9 = Path("concurrency") / "judge-9" / "concurrency-judge.json"
 EARLIER_CONCURRENCY = {"concurrency_first_call": CONCURRENCY, "concurrency_call_3": CONCURRENCY_3,
                        "concurrency_call_4": CONCURRENCY_4, "concurrency_call_5": CONCURRENCY_5,
-                       "concurrency_call_6": CONCURRENCY_6, "concurrency_call_7": CONCURRENCY_7}
+                       "concurrency_call_6": CONCURRENCY_6, "concurrency_call_7": CONCURRENCY_7,
+                       "concurrency_call_8": CONCURRENCY_8}
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {
@@ -127,8 +129,8 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     out["probe_history_files"] = files
     if (root / PLAN_REFIT).exists():
         out["plan_batches"] = plan_batches(root)
-    latest = next((p for p in (CONCURRENCY_8, CONCURRENCY_7, CONCURRENCY_6, CONCURRENCY_5,
-                             CONCURRENCY_4, CONCURRENCY_3, CONCURRENCY)
+    latest = next((p for p in (CONCURRENCY_9, CONCURRENCY_8, CONCURRENCY_7, CONCURRENCY_6,
+                             CONCURRENCY_5, CONCURRENCY_4, CONCURRENCY_3, CONCURRENCY)
                    if (root / p).exists()),
                   None)
     if latest is not None:

@@ -35,19 +35,13 @@ PLAN_FULL = PLAN / "2026-12-03-plan-batches.json.xz"
 PLAN_JUDGE2 = PLAN / "2026-12-04-judge-2-summary.json"  # PROTOCOL-2.md's held-out judge
 PLAN_JUDGE3 = PLAN / "2026-12-04-judge-3-summary.json"  # PROTOCOL-3.md's judge (fit and judge in one run)
 CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
-CONCURRENCY_3 = Path("concurrency") / "judge-3" / "concurrency-judge.json"  # PROTOCOL-3
-CONCURRENCY_4 = Path("concurrency") / "judge-4" / "concurrency-judge.json"  # PROTOCOL-4
-CONCURRENCY_5 = Path("concurrency") / "judge-5" / "concurrency-judge.json"  # PROTOCOL-5
-CONCURRENCY_6 = Path("concurrency") / "judge-6" / "concurrency-judge.json"  # PROTOCOL-6
-CONCURRENCY_7 = Path("concurrency") / "judge-7" / "concurrency-judge.json"  # PROTOCOL-7
-CONCURRENCY_8 = Path("concurrency") / "judge-8" / "concurrency-judge.json"  # PROTOCOL-8
-# the latest pre-registered concurrency call (PROTOCOL-9: its verdict, design E9); the earlier
-# calls' tallies are kept beside it
-CONCURRENCY_9 = Path("concurrency") / "judge-9" / "concurrency-judge.json"
-EARLIER_CONCURRENCY = {"concurrency_first_call": CONCURRENCY, "concurrency_call_3": CONCURRENCY_3,
-                       "concurrency_call_4": CONCURRENCY_4, "concurrency_call_5": CONCURRENCY_5,
-                       "concurrency_call_6": CONCURRENCY_6, "concurrency_call_7": CONCURRENCY_7,
-                       "concurrency_call_8": CONCURRENCY_8}
+# Every pre-registered concurrency call's verdict judge, oldest first (PROTOCOL.md, then
+# PROTOCOL-3 to -9): summary.json carries the latest present as "concurrency", and the tallies
+# of the others beside it, under these keys. A new call moves the range's end.
+CONCURRENCY_CALLS = (("concurrency_first_call", CONCURRENCY),
+                     *((f"concurrency_call_{n}",
+                        Path("concurrency") / f"judge-{n}" / "concurrency-judge.json")
+                       for n in range(3, 10)))
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {
@@ -129,16 +123,13 @@ def build(burst: Path, probe: Path, root: Path, note: str | None = None,
     out["probe_history_files"] = files
     if (root / PLAN_REFIT).exists():
         out["plan_batches"] = plan_batches(root)
-    latest = next((p for p in (CONCURRENCY_9, CONCURRENCY_8, CONCURRENCY_7, CONCURRENCY_6,
-                             CONCURRENCY_5, CONCURRENCY_4, CONCURRENCY_3, CONCURRENCY)
-                   if (root / p).exists()),
-                  None)
-    if latest is not None:
+    present = [(key, path) for key, path in CONCURRENCY_CALLS if (root / path).exists()]
+    if present:
+        *earlier_calls, (_, latest) = present
         out["concurrency"] = concurrency(root, latest)
-        for key, path in EARLIER_CONCURRENCY.items():
-            if path != latest and (root / path).exists():
-                earlier = concurrency(root, path)
-                out[key] = {"from": earlier["from"], "tally": earlier["tally"]}
+        for key, path in earlier_calls:
+            earlier = concurrency(root, path)
+            out[key] = {"from": earlier["from"], "tally": earlier["tally"]}
     return out
 
 

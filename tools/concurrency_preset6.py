@@ -105,9 +105,8 @@ def writer_first_test_us(spec: str) -> tuple[float, str]:
         if name not in runs:
             raise ValueError(f"--first-test-from: {measured}/v has no runs of {name!r} (it has "
                              f"{', '.join(sorted(runs))})")
-        waits += [r.results["starvation"]["longest_writer_wait_ms"] for r in runs[name]
-                  if r.status == "ok" and (r.results.get("starvation") or {})
-                  .get("longest_writer_wait_ms") is not None]
+        waits += [wait for r in runs[name] if r.status == "ok" and (wait := (
+            r.results.get("starvation") or {}).get("longest_writer_wait_ms")) is not None]
     if not waits:
         raise ValueError(f"--first-test-from: no writer wait in the ok runs of {', '.join(cases)}")
     value = round(statistics.median(waits) * 1e3, 3)

@@ -90,6 +90,50 @@ def test_design_e_takes_the_first_test_from_the_fit_cases_writer_waits(tmp_path)
         tool.main(["a.json", "lb.json", "out.json", "b.jsonl", "--first-test-from", f"{m}:x"])
 
 
+def _probe_runs(root, cases: dict[str, tuple[float, list[list[float]]]]) -> str:
+    """A measured-runs directory whose runs hold probes: {case: (interval_us, [[ms, ...], ...])}."""
+    import json
+
+    (root / "manifest.json").write_text(json.dumps({"mode": "hw"}))
+    for case, (interval, per_run) in cases.items():
+        for r, latencies in enumerate(per_run, 1):
+            d = root / "v" / case / f"r{r}"
+            d.mkdir(parents=True)
+            calls = [{"api": "KVCacheManager.probe_reuse", "latency_ms": x, "start_ms": 0.0}
+                     for x in latencies]
+            (d / "results.json").write_text(json.dumps(
+                {"calls": calls, "resolved": {"workload": {"probe_interval_us": interval}}}))
+    return str(root)
+
+
+def test_design_f_takes_the_after_sleep_factor_from_the_sleeping_loops_probe_p50(tmp_path):
+    """--after-sleep-from: per sleeping case, at its probe interval, its pooled probe p50 over
+    the closed loop's; not stretched by the host speed (a ratio); the design's name is F."""
+    tool = load_tool("concurrency_preset6")
+    closed, s500, s2000 = (f"probe_during_resize.reader_preference.t4.{i}"
+                           for i in ("i0", "i500", "i2000"))
+    m = _probe_runs(tmp_path, {closed: (0.0, [[0.04, 0.04], [0.05, 0.05, 0.05]]),
+                               s2000: (2000.0, [[0.1, 0.1, 0.2]]),
+                               s500: (500.0, [[0.09], [0.08, 0.1]]),
+                               "probe_during_resize.writer_preference.t4.i500": (500.0, [[0.1]])})
+    points, source = tool.after_sleep_factor(f"{m}:{closed},{s2000},{s500}")
+    assert points == [[500.0, pytest.approx(0.09 / 0.05)], [2000.0, pytest.approx(0.1 / 0.05)]]
+    assert s500 in source and closed in source
+    bench = {"derived": {"lock_first_test_us": 10.0}}
+    f = tool.build(_a(0.5), bench, "lb.json", None, "", "f", (13.0, "w"), (points, source))
+    assert f["after_sleep_factor"] == {"value": points, "source": source} and f["name"] == "p-f"
+    for spec, says in ((f"{m}:{s500},{s2000}", "must be a closed loop"),
+                       (f"{m}:{closed}", "name the closed loop, then"),
+                       (f"{m}:{closed},{s500},probe_during_resize.writer_preference.t4.i500",
+                        "not a new sleep"),
+                       (f"{m}:{closed},{s500},{s500}", "a case named twice")):
+        with pytest.raises(ValueError, match=says):
+            tool.after_sleep_factor(spec)
+    with pytest.raises(SystemExit):  # design F is E's terms plus it
+        tool.main(["a.json", "lb.json", "out.json", "b.jsonl", "--speed-from-spread",
+                   "--after-sleep-from", f"{m}:{closed},{s500}"])
+
+
 def test_bad_inputs_are_refused_naming_the_file_before_anything_is_written(tmp_path, capsys):
     """A missing preset, a preset that is not JSON and a lock bench without ``derived``: exit 2,
     the file named, no output file."""

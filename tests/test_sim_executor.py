@@ -215,6 +215,51 @@ def test_a_call_after_a_sleep_pays_the_cpu_presets_after_sleep_time(tmp_path):
         assert s - b == pytest.approx(0.060, abs=1e-9)
 
 
+def test_a_call_after_a_sleep_runs_stretched_by_the_cpu_presets_after_sleep_factor(tmp_path):
+    """after_sleep_factor multiplies every host cost of a thread's next call after it slept
+    (interpolated on the sleep's length, from 1 at 0): the call's CPU and its Python edges; the
+    first probe, which followed no sleep, runs as without it."""
+    from kvsim.model.cpu_cost import load_cpu_model
+    from kvsim.scenario.schema import parse_scenario
+
+    plain, cold = _preset_files(tmp_path, after_sleep_factor=[[500, 1.5], [2000, 3.0]])
+    try:
+        def run(cpu):
+            sf = scenario(tmp_path, ONE_PROBER)
+            out = execute(parse_scenario({**sf.data, "cpu_model": cpu}, sf.source))
+            return [c for c in out["calls"] if c["thread"] == "probe0"]
+
+        base, slow = run(plain.name), run(cold.name)
+        model = load_cpu_model(cold)
+    finally:
+        plain.unlink()
+        cold.unlink()
+    assert model.after_sleep_stretch(0.001) == pytest.approx(2.0)  # 1.5 + 1.5 * 500 / 1500
+    assert model.after_sleep_stretch(0.00025) == pytest.approx(1.25)  # from 1 at 0
+    assert model.after_sleep_stretch(0.01) == pytest.approx(3.0)
+    assert model.after_sleep_stretch(0.0) == 1.0
+    assert slow[0]["latency_ms"] == pytest.approx(base[0]["latency_ms"])
+    assert slow[0]["cpu_ms"] == pytest.approx(base[0]["cpu_ms"])
+    for b, s in zip(base[1:], slow[1:]):  # each slept 1000 us: everything twice as long
+        assert s["cpu_ms"] == pytest.approx(2 * b["cpu_ms"])
+        assert s["latency_ms"] == pytest.approx(2 * b["latency_ms"], rel=1e-6)
+
+
+@pytest.mark.parametrize("bad", [[[0, 1.5]], [[500, 1.5], [400, 2.0]], [[500, 0.0]], [[500]], []])
+def test_a_bad_after_sleep_factor_is_refused_naming_the_file_and_key(tmp_path, bad):
+    import json
+
+    from kvsim.errors import ConfigError
+    from kvsim.model.cpu_cost import load_cpu_model
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    preset["after_sleep_factor"] = {"value": bad, "source": "test fixture"}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(preset))
+    with pytest.raises(ConfigError, match=r"cpu\.json: after_sleep_factor: "):
+        load_cpu_model(path)
+
+
 @pytest.mark.parametrize("bad", [[[0, 5.0]], [[500, 5.0], [400, 6.0]], [[500, -1.0]], [[500]], []])
 def test_a_bad_after_sleep_table_is_refused_naming_the_file_and_key(tmp_path, bad):
     import json

@@ -22,8 +22,15 @@ fresh thread: the median, over those cases' runs under ``MEASURED/v``, of result
 exactly their first test; call 5's what-if 11 took it from probe_starvation's runs). The cases
 named are then a fit role, not held out.
 
+With ``--after-sleep-from MEASURED:CLOSED,SLEEPING[,SLEEPING...]`` as well (PROTOCOL-10's design
+F), the preset gets ``after_sleep_factor``: for each sleeping case, at its probe interval, its
+probe p50 (every probe_reuse latency of its ok runs pooled, as the judge's) over the closed
+loop's. The sleeping loops' probes run about twice as long as the closed loops' on every part
+(manager CPU, lock test, Python edges: the call records of call 9), which a woken thread's cold
+caches explain and a constant extra does not. Those cases' probe figures are then a fit role.
+
     python3 tools/concurrency_preset6.py [--speed-from-spread] [--first-test-from M:CASES] \\
-        A.json LOCK_BENCH.json OUT.json SPREAD_BENCH.jsonl[.xz]...
+        [--after-sleep-from M:CLOSED,SLEEPING...] A.json LOCK_BENCH.json OUT.json SPREAD_BENCH.jsonl[.xz]...
 """
 
 from __future__ import annotations
@@ -34,20 +41,25 @@ import statistics
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from kvsim.calibration import concurrency_judge as cj
 from kvsim.calibration import gil_handover as gh
 from kvsim.calibration import host_speed
 from kvsim.calibration.packed import read_json
+from kvsim.calibration.validate import _probes
 from kvsim.errors import KvsimError
 
 LOCK_TERMS = ("lock_test_us", "lock_wake_us", "lock_first_test_us")
 
 
 def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_files: str,
-          design: str = "c", first_test: tuple[float, str] | None = None) -> dict:
+          design: str = "c", first_test: tuple[float, str] | None = None,
+          after_sleep: tuple[list[list[float]], str] | None = None) -> dict:
     """Design C (or D, whose ``a`` carries the speed of the spread's runs) from preset ``a``,
     the lock bench's JSON and (if given) a spread table; with ``first_test`` (value in us, its
-    source), that is ``lock_first_test_us`` instead of the bench's (design E)."""
+    source), that is ``lock_first_test_us`` instead of the bench's (design E); with
+    ``after_sleep`` (points, source) as well, that is ``after_sleep_factor`` (design F)."""
     c = dict(a)
     c["name"] = f"{a.get('name', 'preset')}-{design}"
     c["description"] = (str(a.get("description", "")) + " PROTOCOL-6 design C: plus a thread's "
@@ -77,6 +89,10 @@ def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_fil
             term["source"] = (f"{term['source']}; divided by host_speed_factor {factor} (timed in "
                               "the judged runs' call: the loader's stretch gives it back)")
             c[key] = term
+    if after_sleep is not None:
+        c["after_sleep_factor"] = {"value": after_sleep[0], "source": after_sleep[1]}
+        c["description"] += (" PROTOCOL-10 design F: the call after a sleep runs slower by the "
+                             "judged sleeping loops' probe p50 over the closed loop's.")
     if spread is not None:
         c["call_cpu_spread"] = host_speed.spread_field(spread, spread_files)
     return c
@@ -89,30 +105,82 @@ def _json(path: Path) -> dict:
         raise ValueError(f"{path}: not JSON: {e}") from None
 
 
-def writer_first_test_us(spec: str) -> tuple[float, str]:
-    """``MEASURED:CASE[,CASE...]``: the median of those cases' runs' longest writer wait, in us,
-    and where it came from."""
+def _case_runs(spec: str, flag: str) -> tuple[str, dict[str, list]]:
+    """``MEASURED:CASE[,CASE...]``: the directory and each named case's ok runs, in order."""
     measured, _, names = spec.rpartition(":")
     cases = [n for n in names.split(",") if n]
     if not measured or not cases:
-        raise ValueError(f"--first-test-from {spec!r}: expected MEASURED_DIR:CASE[,CASE...]")
+        raise ValueError(f"{flag} {spec!r}: expected MEASURED_DIR:CASE[,CASE...]")
+    if len(set(cases)) != len(cases):
+        raise ValueError(f"{flag} {spec!r}: a case named twice")
     try:
         _, runs, _ = cj.load_runs(Path(measured))
     except KvsimError as e:
-        raise ValueError(f"--first-test-from: {e}") from None
-    waits = []
+        raise ValueError(f"{flag}: {e}") from None
+    out = {}
     for name in cases:
         if name not in runs:
-            raise ValueError(f"--first-test-from: {measured}/v has no runs of {name!r} (it has "
+            raise ValueError(f"{flag}: {measured}/v has no runs of {name!r} (it has "
                              f"{', '.join(sorted(runs))})")
-        waits += [wait for r in runs[name] if r.status == "ok" and (wait := (
-            r.results.get("starvation") or {}).get("longest_writer_wait_ms")) is not None]
+        out[name] = [r for r in runs[name] if r.status == "ok"]
+    return measured, out
+
+
+def writer_first_test_us(spec: str) -> tuple[float, str]:
+    """``MEASURED:CASE[,CASE...]``: the median of those cases' runs' longest writer wait, in us,
+    and where it came from."""
+    measured, runs = _case_runs(spec, "--first-test-from")
+    waits = [wait for rs in runs.values() for r in rs if (wait := (
+        r.results.get("starvation") or {}).get("longest_writer_wait_ms")) is not None]
     if not waits:
-        raise ValueError(f"--first-test-from: no writer wait in the ok runs of {', '.join(cases)}")
+        raise ValueError(f"--first-test-from: no writer wait in the ok runs of {', '.join(runs)}")
     value = round(statistics.median(waits) * 1e3, 3)
-    return value, (f"{measured}/v {', '.join(cases)}: median of {len(waits)} runs' results.json "
+    return value, (f"{measured}/v {', '.join(runs)}: median of {len(waits)} runs' results.json "
                    "starvation.longest_writer_wait_ms (tools/concurrency_preset6.py "
                    "--first-test-from)")
+
+
+def _pooled_p50_ms(name: str, runs: list) -> float:
+    """The judge's probe p50: every probe_reuse latency of the runs pooled, numpy's median."""
+    probes = [x for r in runs for x in _probes(r.results, None)]
+    if not probes:
+        raise ValueError(f"--after-sleep-from: no probe in the ok runs of {name}")
+    return float(np.quantile(probes, 0.5))
+
+
+def _interval_us(name: str, runs: list) -> float:
+    """The probe interval (results.json resolved.workload.probe_interval_us) the runs share."""
+    seen = {float(((r.results.get("resolved") or {}).get("workload") or {})
+                  .get("probe_interval_us", -1.0)) for r in runs}
+    if len(seen) != 1 or min(seen) < 0:
+        raise ValueError(f"--after-sleep-from: {name}: its runs give no single "
+                         f"resolved.workload.probe_interval_us ({sorted(seen)})")
+    return seen.pop()
+
+
+def after_sleep_factor(spec: str) -> tuple[list[list[float]], str]:
+    """``MEASURED:CLOSED,SLEEPING[,SLEEPING...]``: ``after_sleep_factor``'s points, one per
+    sleeping case at its probe interval: its pooled probe p50 over the closed loop's (interval
+    0, the same workload otherwise), and where they came from."""
+    measured, runs = _case_runs(spec, "--after-sleep-from")
+    (closed, closed_runs), *sleeping = runs.items()
+    if not sleeping:
+        raise ValueError("--after-sleep-from: name the closed loop, then the sleeping loops")
+    if _interval_us(closed, closed_runs) != 0.0:
+        raise ValueError(f"--after-sleep-from: {closed}: the first case must be a closed loop "
+                         "(probe_interval_us 0)")
+    base = _pooled_p50_ms(closed, closed_runs)
+    points: dict[float, float] = {}
+    for name, rs in sleeping:
+        interval = _interval_us(name, rs)
+        if interval <= 0 or interval in points:
+            raise ValueError(f"--after-sleep-from: {name}: probe_interval_us {interval:g} is "
+                             "not a new sleep (> 0, one case per interval)")
+        points[interval] = round(_pooled_p50_ms(name, rs) / base, 4)
+    return [[t, points[t]] for t in sorted(points)], (
+        f"{measured}/v: pooled probe_reuse latency p50 of {', '.join(n for n, _ in sleeping)} "
+        f"over {closed}'s ({base * 1e3:.2f} us), at each one's probe_interval_us "
+        "(tools/concurrency_preset6.py --after-sleep-from)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,11 +193,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="the host speed factor from the same runs (design D)")
     ap.add_argument("--first-test-from", metavar="MEASURED:CASE[,CASE...]",
                     help="lock_first_test_us from those cases' writer waits (design E)")
+    ap.add_argument("--after-sleep-from", metavar="MEASURED:CLOSED,SLEEPING[,...]",
+                    help="after_sleep_factor from those cases' probe p50s (design F)")
     args = ap.parse_args(argv)
     if args.first_test_from and not args.speed_from_spread:
         ap.error("--first-test-from is design E, design D's terms plus it: give "
                  "--speed-from-spread too")
-    design = "e" if args.first_test_from else "d" if args.speed_from_spread else "c"
+    if args.after_sleep_from and not args.first_test_from:
+        ap.error("--after-sleep-from is design F, design E's terms plus it: give "
+                 "--first-test-from too")
+    design = ("f" if args.after_sleep_from else "e" if args.first_test_from
+              else "d" if args.speed_from_spread else "c")
     try:  # every input read and checked before the output is written
         a = _json(args.preset_a)
         runs = gh.read_runs(args.spread_bench)
@@ -139,13 +213,15 @@ def main(argv: list[str] | None = None) -> int:
             a["host_speed_factor"] = host_speed.preset_field(host_speed.factor(cpu, runs),
                                                              ", ".join(args.spread_bench))
         first = writer_first_test_us(args.first_test_from) if args.first_test_from else None
+        cold = after_sleep_factor(args.after_sleep_from) if args.after_sleep_from else None
         c = build(a, read_json(args.lock_bench), str(args.lock_bench), spread,
-                  ", ".join(args.spread_bench), design, first)
+                  ", ".join(args.spread_bench), design, first, cold)
     except (OSError, ValueError, KvsimError) as e:
         print(f"concurrency_preset6.py: {e}", file=sys.stderr)
         return 2
     args.out.write_text(json.dumps(c, indent=1) + "\n")
-    print(json.dumps({k: c[k]["value"] for k in LOCK_TERMS if k in c} | {"spread": spread}))
+    print(json.dumps({k: c[k]["value"] for k in (*LOCK_TERMS, "after_sleep_factor") if k in c}
+                     | {"spread": spread}))
     return 0
 
 

@@ -57,6 +57,12 @@ class CpuCostModel:
     # Extra host time of a thread's first Python after it slept for t: ((t_us, extra_us), ...)
     # ascending, interpolated linearly (0 extra at t = 0), flat beyond the last point; empty: none.
     after_sleep_us: tuple[tuple[float, float], ...] = ()
+    # How many times slower every host cost of a thread's next call runs after it slept for t
+    # (from the sleep's end to the call's end: the probe, its lock tests, its Python edges):
+    # ((t_us, factor), ...) ascending, interpolated linearly (1 at t = 0), flat beyond the last
+    # point; empty: none. A woken thread finds its caches cold (measured in the judged runs:
+    # manager CPU, lock test and Python edges all about twice the closed loops').
+    after_sleep_factor: tuple[tuple[float, float], ...] = ()
     # A Python manager's lock (hw.rwlock, a threading.Condition), 0 where not measured: host time
     # (holding the GIL) of one test of the lock's condition, between the lock log's request and
     # its grant; the first test is moved out of python_call_us (which includes the uncontended
@@ -99,16 +105,11 @@ class CpuCostModel:
 
     def after_sleep_s(self, slept_s: float) -> float:
         """The extra host seconds of the first call after sleeping ``slept_s``."""
-        pts = self.after_sleep_us
-        if not pts or slept_s <= 0:
-            return 0.0
-        t_us = slept_s * 1e6
-        prev_t, prev_x = 0.0, 0.0
-        for t, x in pts:
-            if t_us <= t:
-                return (prev_x + (x - prev_x) * (t_us - prev_t) / (t - prev_t)) * 1e-6
-            prev_t, prev_x = t, x
-        return prev_x * 1e-6
+        return _interpolate(self.after_sleep_us, slept_s * 1e6, 0.0) * 1e-6
+
+    def after_sleep_stretch(self, slept_s: float) -> float:
+        """The factor on the host costs of the next call after sleeping ``slept_s``."""
+        return _interpolate(self.after_sleep_factor, slept_s * 1e6, 1.0)
 
     def seconds(self, counts: WorkCounts) -> float:
         total = self.per_call_us
@@ -175,6 +176,7 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         thread_start_us=optional("thread_start_us", 0.0) * speed,
         host_speed_factor=speed,
         after_sleep_us=_after_sleep(path, data, sources, speed),
+        after_sleep_factor=_after_sleep_factor(path, data, sources),
         lock_test_us=optional("lock_test_us", 0.0) * speed,
         lock_wake_us=optional("lock_wake_us", 0.0) * speed,
         lock_mutex=_flag(path, data, "lock_mutex", sources),
@@ -186,6 +188,19 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         call_cpu_spread=_spread(path, data, sources),
         sources=sources,
     )
+
+
+def _interpolate(pts: tuple[tuple[float, float], ...], t: float, at_zero: float) -> float:
+    """``pts``' value at ``t``: linear between points, ``at_zero`` at t <= 0 (and from 0 to the
+    first point), flat beyond the last; ``at_zero`` where there are no points."""
+    if not pts or t <= 0:
+        return at_zero
+    prev_t, prev_x = 0.0, at_zero
+    for pt, x in pts:
+        if t <= pt:
+            return prev_x + (x - prev_x) * (t - prev_t) / (pt - prev_t)
+        prev_t, prev_x = pt, x
+    return prev_x
 
 
 def _overshoot(path: Path, data: dict, sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
@@ -238,8 +253,27 @@ def _flag(path: Path, data: dict, key: str, sources: dict[str, str]) -> bool:
 def _after_sleep(path: Path, data: dict, sources: dict[str, str],
                  speed: float) -> tuple[tuple[float, float], ...]:
     """``after_sleep_us``: {"value": [[sleep_us, extra_us], ...], "source"}, sleep times rising
-    from > 0, extras >= 0; absent: no extra."""
-    key = "after_sleep_us"
+    from > 0, extras >= 0 (host time: stretched by the host speed); absent: no extra."""
+    pts = _sleep_points(path, data, "after_sleep_us", "extra_us", sources)
+    if any(x < 0 for _, x in pts):
+        raise ConfigError(f"{path}: after_sleep_us: extra_us must be >= 0")
+    return tuple((t, x * speed) for t, x in pts)
+
+
+def _after_sleep_factor(path: Path, data: dict,
+                        sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
+    """``after_sleep_factor``: {"value": [[sleep_us, factor], ...], "source"}, sleep times rising
+    from > 0, factors > 0 (a ratio of host times: not stretched by the host speed); absent: 1."""
+    pts = _sleep_points(path, data, "after_sleep_factor", "factor", sources)
+    if any(not x > 0 for _, x in pts):
+        raise ConfigError(f"{path}: after_sleep_factor: factor must be > 0")
+    return pts
+
+
+def _sleep_points(path: Path, data: dict, key: str, column: str,
+                  sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
+    """A field of points by sleep time: {"value": [[sleep_us, <column>], ...], "source"}, sleep
+    times rising from > 0; absent: ()."""
     entry = data.get(key)
     if entry is None:
         return ()
@@ -247,12 +281,11 @@ def _after_sleep(path: Path, data: dict, sources: dict[str, str],
     ok = isinstance(pts, list) and pts and all(
         isinstance(p, list) and len(p) == 2
         and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p) for p in pts)
-    if not ok or pts[0][0] <= 0 or any(b[0] <= a[0] for a, b in zip(pts, pts[1:])) \
-            or any(p[1] < 0 for p in pts):
-        raise ConfigError(f"{path}: {key}: write {{\"value\": [[sleep_us, extra_us], ...], "
-                          "\"source\": \"...\"}} with sleep_us rising from > 0 and extra_us >= 0")
+    if not ok or pts[0][0] <= 0 or any(b[0] <= a[0] for a, b in zip(pts, pts[1:])):
+        raise ConfigError(f"{path}: {key}: write {{\"value\": [[sleep_us, {column}], ...], "
+                          "\"source\": \"...\"}} with sleep_us rising from > 0")
     sources[key] = str(entry["source"])
-    return tuple((float(t), float(x) * speed) for t, x in pts)
+    return tuple((float(t), float(x)) for t, x in pts)
 
 
 def _handover(path: Path, data: dict, optional, sources: dict[str, str]) -> Handover | None:

@@ -6,7 +6,8 @@ come before skips SimPy's queue, with the same outcome: :mod:`kvsim.sim.environm
 
 * **Python** (entering and leaving a binding): the thread takes the GIL and spends
   ``python_call_us / 2``, plus the CPU preset's ``after_sleep_us`` on the first entry after the
-  thread slept;
+  thread slept; with ``after_sleep_factor`` every host cost of the call after a sleep is
+  stretched;
 * **the binding waits**: a binding that may block on the lock releases the GIL first (the fixed
   KVCM2 bindings; per API, ``gil_release``), or keeps it (the bug the seed fixed);
 * **the lock**: the SimPy reader-writer lock (:mod:`kvsim.sim.rwlock`), reader- or
@@ -108,6 +109,8 @@ class SimExecutor:
                                     calls_never_overlap=True)
         self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
         self._slept: dict[str, float] = {}  # thread -> how long it last slept, until it runs
+        # thread -> the factor on its host costs until its next call ends (after_sleep_factor)
+        self._cold: dict[str, float] = {}
         # thread -> the first lock test's seconds, taken out of its next Python (lock_test_us)
         self._prepaid: dict[str, float] = {}
         self._lock_tested: set[str] = set()  # threads past their first lock test
@@ -273,6 +276,8 @@ class SimExecutor:
         seconds = self.cpu.seconds(e.counts) * slow * self._spread()
         if self.cpu.holds_gil:
             yield from self._python(e.thread, seconds, e.api)
+            if self._cold:  # recorded as run: _python stretched it after a sleep
+                seconds *= self._cold.get(e.thread, 1.0)
         elif seconds:
             yield from self._wait(seconds)
         return seconds, self.cpu.terms_us(e.counts)
@@ -335,6 +340,7 @@ class SimExecutor:
             yield all_done
 
     def _do_leave(self, e: pipeline.LeaveBinding) -> None:
+        self._cold.pop(e.thread, None)
         if e.abandoned or not self.cpu.holds_gil:
             self.gil.release_fully(e.thread)
 
@@ -342,8 +348,7 @@ class SimExecutor:
         self.gil.release_fully(e.thread)  # sleeping threads do not hold the GIL
         seconds = e.seconds + self._overshoot()
         yield from self._sleep(seconds)
-        if self.cpu.after_sleep_us:
-            self._slept[e.thread] = seconds
+        self._woke(e.thread, seconds)
         if self.cpu.sleep_retakes_gil:  # time.sleep returns holding the GIL
             yield from self._take_gil(e.thread, "time.sleep")
 
@@ -352,10 +357,16 @@ class SimExecutor:
         if e.time > self.env.now:
             slept = e.time - self.env.now + self._overshoot()
             yield from self._sleep(slept)
-            if self.cpu.after_sleep_us:
-                self._slept[e.thread] = slept
+            self._woke(e.thread, slept)
         if self.cpu.sleep_retakes_gil:
             yield from self._take_gil(e.thread, "time.sleep")
+
+    def _woke(self, thread: str, slept: float) -> None:
+        """Note a sleep's end for the CPU preset's after-sleep terms (none: nothing noted)."""
+        if self.cpu.after_sleep_us:
+            self._slept[thread] = slept
+        if self.cpu.after_sleep_factor:
+            self._cold[thread] = self.cpu.after_sleep_stretch(slept)
 
     def _overshoot(self) -> float:
         """A sleep's extra seconds (CPU preset's sleep_overshoot_us; 0 without it)."""
@@ -378,7 +389,10 @@ class SimExecutor:
 
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up
-        mid-way when a waiter's switch interval asks for it (then queues to get it back)."""
+        mid-way when a waiter's switch interval asks for it (then queues to get it back). A
+        thread woken from a sleep runs its next call's host time stretched (after_sleep_factor)."""
+        if self._cold:
+            seconds *= self._cold.get(thread, 1.0)
         if not self.cpu.holds_gil:  # C++ manager: short Python edges, no forced switch to model
             yield from self._take_gil(thread, api)
             if seconds > 0.0:

@@ -83,7 +83,7 @@ class EvictableCounts:
         rows' cells instead of a scan of the level's pages (see
         :meth:`kvsim.manager.eviction_index.EvictionIndex.select`)."""
         self._flush()
-        return np.flatnonzero(self.cell == level * self.num_groups + group).astype(np.int32)
+        return (self.cell == level * self.num_groups + group).nonzero()[0].astype(np.int32)
 
     def table(self) -> np.ndarray:
         """(levels, pool groups) evictable counts."""

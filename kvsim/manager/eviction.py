@@ -21,10 +21,10 @@ _MAX_TICK = (1 << _TICK_BITS) - 1
 
 def eviction_keys(pages: PageTable, ids: np.ndarray) -> np.ndarray:
     """One int64 per page; smaller keys are evicted first."""
-    ids = ids.astype(np.intp, copy=False)  # np.take with native indices: the fast gather
-    prio = np.take(pages.priority, ids).astype(np.int64)
-    tick = np.minimum(np.take(pages.last_used, ids), _MAX_TICK)
-    inv_depth = _MAX_DEPTH - np.minimum(np.take(pages.depth, ids).astype(np.int64), _MAX_DEPTH)
+    ids = ids.astype(np.intp, copy=False)  # take with native indices: the fast gather
+    prio = pages.priority.take(ids).astype(np.int64)
+    tick = np.minimum(pages.last_used.take(ids), _MAX_TICK)
+    inv_depth = _MAX_DEPTH - np.minimum(pages.depth.take(ids).astype(np.int64), _MAX_DEPTH)
     return (prio << (_TICK_BITS + _DEPTH_BITS)) | (tick << _DEPTH_BITS) | inv_depth
 
 
@@ -65,11 +65,11 @@ def first_in_order(candidates: np.ndarray, keys: np.ndarray, n: int) -> np.ndarr
     if n < candidates.size:
         kth = np.partition(keys, n - 1)[n - 1]
         below = keys < kth
-        tied = np.flatnonzero(keys == kth)
+        tied = (keys == kth).nonzero()[0]
         # Among keys equal to the boundary key, the lowest page ids win (total order).
         need = n - int(below.sum())
         tied = tied[np.argsort(candidates[tied], kind="stable")[:need]]
-        chosen = np.concatenate([np.flatnonzero(below), tied])
+        chosen = np.concatenate([below.nonzero()[0], tied])
         candidates, keys = candidates[chosen], keys[chosen]
     order = np.lexsort((candidates, keys))
     return candidates[order]

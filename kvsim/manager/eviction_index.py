@@ -115,7 +115,7 @@ class EvictionIndex:
         if self.counts is not None:
             return self.counts.inside(ids, level, group)
         p = self.pages
-        return (np.take(p.level, ids) == level) & (np.take(p.pool_group, ids) == group) & \
+        return (p.level.take(ids) == level) & (p.pool_group.take(ids) == group) & \
             p.evictable(ids, self.last_level)
 
     def _rebuild(self, level: int, group: int, n: int) -> tuple[np.ndarray | None, int, int]:

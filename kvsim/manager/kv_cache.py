@@ -504,8 +504,8 @@ class KvCache:
             begin, end = lc.stale_range(history, tpb)
             need[begin:end] = False
             tables.append(have)
-            new_ordinals.append(np.flatnonzero(need & (have < 0)))
-            dropping = np.flatnonzero(~need & (have >= 0))
+            new_ordinals.append((need & (have < 0)).nonzero()[0])
+            dropping = (~need & (have >= 0)).nonzero()[0]
             stale = dropping[dropping < new_blocks]
             keep = self._stale_disposal(lc, stale)
             kept.append((stale[keep], have[stale[keep]]))
@@ -581,7 +581,7 @@ class KvCache:
             if lc.is_sliding:
                 begin, end = lc.stale_range(history, tpb)
                 table = self._pages[lc.index]
-                ords = begin + np.flatnonzero(table[begin:end] >= 0)
+                ords = begin + (table[begin:end] >= 0).nonzero()[0]
                 keep = self._stale_disposal(lc, ords)
                 m._release(table[ords[~keep]], True, plan)
                 aside = table[ords[keep]]

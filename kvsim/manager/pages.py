@@ -97,11 +97,11 @@ class PageTable:
     # -- derived status ----------------------------------------------------------------------
     def evictable(self, ids: np.ndarray, last_level: int) -> np.ndarray:
         """Evictable = (DROPPABLE and committed) or (HELD and not on the last level)."""
-        ids = ids.astype(np.intp, copy=False)  # np.take with native indices: the fast gather
-        holders = np.take(self.holders, ids)
-        droppable_committed = (holders == 0) & (np.take(self.node, ids) >= 0)
-        held = (holders > 0) & (np.take(self.lockers, ids) == 0) & \
-            (np.take(self.level, ids) != last_level)
+        ids = ids.astype(np.intp, copy=False)  # take with native indices: the fast gather
+        holders = self.holders.take(ids)
+        droppable_committed = (holders == 0) & (self.node.take(ids) >= 0)
+        held = (holders > 0) & (self.lockers.take(ids) == 0) & \
+            (self.level.take(ids) != last_level)
         return droppable_committed | held
 
     def snapshot(self) -> dict[str, np.ndarray]:

@@ -10,6 +10,7 @@ from kvsim.scenario.load import load_scenario_file
 from kvsim.scenario.run import execute
 
 DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).resolve().parents[1]
 
 SCENARIO = """\
 name: toy_sim
@@ -272,6 +273,49 @@ def test_a_bad_after_sleep_table_is_refused_naming_the_file_and_key(tmp_path, ba
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(preset))
     with pytest.raises(ConfigError, match=r"cpu\.json: after_sleep_us: "):
+        load_cpu_model(path)
+
+
+def test_copy_submission_may_run_without_the_gil_and_let_other_threads_in(tmp_path):
+    """copy_submit_gil_free: that share of a Python manager's copy submission runs without the
+    GIL (CUDA calls). In gil_deadlock, one thread's resizes submit copies under the exclusive
+    lock while the other runs Python between its calls: with the share, the other thread gets
+    the GIL then, asks for the lock and waits behind the holder; without it, it never finds the
+    lock held (the holder keeps the GIL to its release)."""
+    import json
+
+    from kvsim.scenario.schema import parse_scenario
+
+    preset = json.loads((ROOT / "kvsim/hardware/cpu/kvsim-python-h200host.json").read_text())
+    sf = load_scenario_file(ROOT / "scenarios/bugs/gil_deadlock.yaml")
+
+    def exclusive_waits_ms(share: float) -> list[float]:
+        path = tmp_path / f"cpu-{share}.json"
+        path.write_text(json.dumps(preset | {"copy_submit_gil_free": {"value": share,
+                                                                      "source": "test"}}))
+        out = execute(parse_scenario({**sf.data, "cpu_model": str(path)}, sf.source))
+        assert any(c["offloaded_pages"] or c["onboarded_pages"] for c in out["calls"])
+        return [c["lock_wait_ms"] for c in out["calls"]
+                if c["mode"] == "exclusive" and c["lock_wait_ms"] is not None]
+
+    held, free = exclusive_waits_ms(0.0), exclusive_waits_ms(1.0)
+    assert len(held) == len(free)
+    assert max(held) == 0.0
+    assert sum(w > 0.005 for w in free) >= 10 and max(free) > 0.05
+
+
+@pytest.mark.parametrize("bad", [1.5, -0.1, True, "half"])
+def test_a_bad_copy_submit_gil_free_share_is_refused_naming_the_file_and_key(tmp_path, bad):
+    import json
+
+    from kvsim.errors import ConfigError
+    from kvsim.model.cpu_cost import load_cpu_model
+
+    preset = json.loads((DATA / "toy-cpu.json").read_text())
+    preset["copy_submit_gil_free"] = {"value": bad, "source": "test fixture"}
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(preset))
+    with pytest.raises(ConfigError, match=r"cpu\.json: copy_submit_gil_free: "):
         load_cpu_model(path)
 
 

@@ -101,6 +101,10 @@ class CpuCostModel:
     # multiplying the call's modelled CPU seconds; empty: every call takes exactly the model's.
     # Measured as the GIL benchmark's probe latencies over their median (identical probes).
     call_cpu_spread: tuple[tuple[float, float], ...] = ()
+    # A Python manager's copy submission, 0 where not measured: the share of its host time spent
+    # in CUDA calls that release the GIL (launches, asynchronous copies); the rest is Python that
+    # holds it. Other threads can run, and take the manager's lock's waiters' turn, meanwhile.
+    copy_submit_gil_free: float = 0.0
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def after_sleep_s(self, slept_s: float) -> float:
@@ -186,6 +190,7 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         lock_first_test_us=optional("lock_first_test_us", 0.0) * speed,
         sleep_overshoot_us=_overshoot(path, data, sources),
         call_cpu_spread=_spread(path, data, sources),
+        copy_submit_gil_free=_share(path, data, "copy_submit_gil_free", sources),
         sources=sources,
     )
 
@@ -236,6 +241,19 @@ def _distribution(path: Path, data: dict, key: str, column: str, least: float | 
                           f"{bound} not falling)")
     sources[key] = str(entry["source"])
     return tuple((float(p), float(q)) for p, q in zip(probs, qs))
+
+
+def _share(path: Path, data: dict, key: str, sources: dict[str, str]) -> float:
+    """An optional share: {"value": 0 to 1, "source": "..."}; absent: 0."""
+    entry = data.get(key)
+    if entry is None:
+        return 0.0
+    v = entry.get("value") if isinstance(entry, dict) and set(entry) == {"value", "source"} else None
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
+        raise ConfigError(f"{path}: {key}: write {{\"value\": a share from 0 to 1, "
+                          "\"source\": \"...\"}}")
+    sources[key] = str(entry["source"])
+    return float(v)
 
 
 def _flag(path: Path, data: dict, key: str, sources: dict[str, str]) -> bool:

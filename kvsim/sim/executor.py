@@ -303,7 +303,14 @@ class SimExecutor:
                                               not_before=now + submit_s + lead_s * slow))
             submit_s += host_s * slow
         if self.cpu.holds_gil:
-            yield from self._python(e.thread, submit_s, e.api)
+            # Python first (building the batches), then the CUDA calls, which release the GIL
+            # (CPU preset's copy_submit_gil_free share of the host time).
+            free_s = submit_s * self.cpu.copy_submit_gil_free
+            yield from self._python(e.thread, submit_s - free_s, e.api)
+            if free_s > 0.0:
+                self.gil.release_fully(e.thread)
+                yield from self._wait(free_s * self._cold.get(e.thread, 1.0))
+                yield from self._take_gil(e.thread, e.api)
         elif submit_s:
             yield from self._wait(submit_s)
         return handles, submit_s

@@ -246,36 +246,6 @@ def test_a_call_after_a_sleep_runs_stretched_by_the_cpu_presets_after_sleep_fact
         assert s["latency_ms"] == pytest.approx(2 * b["latency_ms"], rel=1e-6)
 
 
-@pytest.mark.parametrize("bad", [[[0, 1.5]], [[500, 1.5], [400, 2.0]], [[500, 0.0]], [[500]], []])
-def test_a_bad_after_sleep_factor_is_refused_naming_the_file_and_key(tmp_path, bad):
-    import json
-
-    from kvsim.errors import ConfigError
-    from kvsim.model.cpu_cost import load_cpu_model
-
-    preset = json.loads((DATA / "toy-cpu.json").read_text())
-    preset["after_sleep_factor"] = {"value": bad, "source": "test fixture"}
-    path = tmp_path / "cpu.json"
-    path.write_text(json.dumps(preset))
-    with pytest.raises(ConfigError, match=r"cpu\.json: after_sleep_factor: "):
-        load_cpu_model(path)
-
-
-@pytest.mark.parametrize("bad", [[[0, 5.0]], [[500, 5.0], [400, 6.0]], [[500, -1.0]], [[500]], []])
-def test_a_bad_after_sleep_table_is_refused_naming_the_file_and_key(tmp_path, bad):
-    import json
-
-    from kvsim.errors import ConfigError
-    from kvsim.model.cpu_cost import load_cpu_model
-
-    preset = json.loads((DATA / "toy-cpu.json").read_text())
-    preset["after_sleep_us"] = {"value": bad, "source": "test fixture"}
-    path = tmp_path / "cpu.json"
-    path.write_text(json.dumps(preset))
-    with pytest.raises(ConfigError, match=r"cpu\.json: after_sleep_us: "):
-        load_cpu_model(path)
-
-
 def test_copy_submission_may_run_without_the_gil_and_let_other_threads_in(tmp_path):
     """copy_submit_gil_free: that share of a Python manager's copy submission runs without the
     GIL (CUDA calls). In gil_deadlock, one thread's resizes submit copies under the exclusive
@@ -304,18 +274,27 @@ def test_copy_submission_may_run_without_the_gil_and_let_other_threads_in(tmp_pa
     assert sum(w > 0.005 for w in free) >= 10 and max(free) > 0.05
 
 
-@pytest.mark.parametrize("bad", [1.5, -0.1, True, "half"])
-def test_a_bad_copy_submit_gil_free_share_is_refused_naming_the_file_and_key(tmp_path, bad):
+BAD_OPTIONAL_FIELDS = [
+    *(("after_sleep_us", bad) for bad in ([[0, 5.0]], [[500, 5.0], [400, 6.0]], [[500, -1.0]],
+                                          [[500]], [])),
+    *(("after_sleep_factor", bad) for bad in ([[0, 1.5]], [[500, 1.5], [400, 2.0]],
+                                              [[500, 0.0]], [[500]], [])),
+    *(("copy_submit_gil_free", bad) for bad in (1.5, -0.1, True, "half")),
+]
+
+
+@pytest.mark.parametrize(("key", "bad"), BAD_OPTIONAL_FIELDS)
+def test_a_bad_optional_cpu_field_is_refused_naming_the_file_and_key(tmp_path, key, bad):
     import json
 
     from kvsim.errors import ConfigError
     from kvsim.model.cpu_cost import load_cpu_model
 
     preset = json.loads((DATA / "toy-cpu.json").read_text())
-    preset["copy_submit_gil_free"] = {"value": bad, "source": "test fixture"}
+    preset[key] = {"value": bad, "source": "test fixture"}
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(preset))
-    with pytest.raises(ConfigError, match=r"cpu\.json: copy_submit_gil_free: "):
+    with pytest.raises(ConfigError, match=rf"cpu\.json: {key}: "):
         load_cpu_model(path)
 
 

@@ -61,7 +61,8 @@ class CpuCostModel:
     # (from the sleep's end to the call's end: the probe, its lock tests, its Python edges):
     # ((t_us, factor), ...) ascending, interpolated linearly (1 at t = 0), flat beyond the last
     # point; empty: none. A woken thread finds its caches cold (measured in the judged runs:
-    # manager CPU, lock test and Python edges all about twice the closed loops').
+    # manager CPU, lock test and Python edges all about twice the closed loops'). With a C++
+    # manager (holds_gil false) only the Python edges are stretched.
     after_sleep_factor: tuple[tuple[float, float], ...] = ()
     # A Python manager's lock (hw.rwlock, a threading.Condition), 0 where not measured: host time
     # (holding the GIL) of one test of the lock's condition, between the lock log's request and

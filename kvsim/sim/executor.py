@@ -19,7 +19,8 @@ come before skips SimPy's queue, with the same outcome: :mod:`kvsim.sim.environm
 * **callbacks**: priority-callback and event-sink calls re-take the GIL under the lock,
   ``callback_us`` each;
 * **CPU**: ``cpu_model.seconds(plan.counts)``, plus the host cost of submitting the copies
-  (unless the CPU preset already includes it);
+  (unless the CPU preset already includes it; with a Python manager, the preset's
+  ``copy_submit_gil_free`` share of the submission runs without the GIL);
 * **copies**: submitted to the manager's copy stream (:mod:`kvsim.sim.stream`); by default the
   call returns without waiting for them (stream semantics, as KVCM2);
 * **GPU work** (:class:`~kvsim.runtime.steps.GpuWork`, a serving engine's forward pass): the

@@ -275,10 +275,8 @@ class SimExecutor:
     def _do_cpu(self, e: pipeline.SpendCpu):
         slow = self.cpu.first_call_factor if e.first_call else 1.0
         seconds = self.cpu.seconds(e.counts) * slow * self._spread()
-        if self.cpu.holds_gil:
-            yield from self._python(e.thread, seconds, e.api)
-            if self._cold:  # recorded as run: _python stretched it after a sleep
-                seconds *= self._cold.get(e.thread, 1.0)
+        if self.cpu.holds_gil:  # recorded as run (stretched after a sleep)
+            seconds = yield from self._python(e.thread, seconds, e.api)
         elif seconds:
             yield from self._wait(seconds)
         return seconds, self.cpu.terms_us(e.counts)
@@ -307,11 +305,13 @@ class SimExecutor:
             # Python first (building the batches), then the CUDA calls, which release the GIL
             # (CPU preset's copy_submit_gil_free share of the host time).
             free_s = submit_s * self.cpu.copy_submit_gil_free
-            yield from self._python(e.thread, submit_s - free_s, e.api)
+            submit_s = yield from self._python(e.thread, submit_s - free_s, e.api)
             if free_s > 0.0:
+                free_s = self._stretched(e.thread, free_s)
                 self.gil.release_fully(e.thread)
-                yield from self._wait(free_s * self._cold.get(e.thread, 1.0))
+                yield from self._wait(free_s)
                 yield from self._take_gil(e.thread, e.api)
+                submit_s += free_s
         elif submit_s:
             yield from self._wait(submit_s)
         return handles, submit_s
@@ -395,32 +395,37 @@ class SimExecutor:
             rng = self._table_rngs[stream] = np.random.default_rng([self.options.gil_seed, stream])
         return float(np.interp(rng.random(), *zip(*table)))
 
+    def _stretched(self, thread: str, seconds: float) -> float:
+        """``seconds`` of ``thread``'s host work as it runs: stretched until the end of its call
+        after a sleep (CPU preset's after_sleep_factor)."""
+        return seconds * self._cold[thread] if self._cold and thread in self._cold else seconds
+
     def _python(self, thread: str, seconds: float, api: str):
         """Run ``seconds`` of Python on ``thread``: it needs the GIL, and it gives the GIL up
         mid-way when a waiter's switch interval asks for it (then queues to get it back). A
-        thread woken from a sleep runs its next call's host time stretched (after_sleep_factor)."""
-        if self._cold:
-            seconds *= self._cold.get(thread, 1.0)
+        thread woken from a sleep runs its next call's host time stretched (after_sleep_factor).
+        Returns the seconds it ran (stretched; without the GIL waits)."""
+        seconds = self._stretched(thread, seconds)
         if not self.cpu.holds_gil:  # C++ manager: short Python edges, no forced switch to model
             yield from self._take_gil(thread, api)
             if seconds > 0.0:
                 yield from self._wait(seconds)
-            return
+            return seconds
         remaining = seconds
         while True:
             yield from self._take_gil(thread, api)
             if remaining <= 0.0:
-                return
+                return seconds
             start = self.env.now
-            seconds = self._jittered(remaining)
+            chunk = self._jittered(remaining)
             # A drop request already made ends the wait at once: no shortcut then. Otherwise
             # nothing can make one before the next queued event (2 events: the timeout and the
             # condition).
-            if self.gil.drop_requested.triggered or not self.env.fast_forward(seconds, events=2):
-                yield self.env.timeout(seconds) | self.gil.drop_requested
+            if self.gil.drop_requested.triggered or not self.env.fast_forward(chunk, events=2):
+                yield self.env.timeout(chunk) | self.gil.drop_requested
             remaining -= self.env.now - start
             if remaining <= 1e-12:
-                return
+                return seconds
             self.gil.forced_switches += 1
             self.gil.release_fully(thread)
 

@@ -36,7 +36,7 @@ PLAN_JUDGE2 = PLAN / "2026-12-04-judge-2-summary.json"  # PROTOCOL-2.md's held-o
 PLAN_JUDGE3 = PLAN / "2026-12-04-judge-3-summary.json"  # PROTOCOL-3.md's judge (fit and judge in one run)
 CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
 # Every pre-registered concurrency call's verdict judge, oldest first (PROTOCOL.md, then
-# PROTOCOL-3 to -9): summary.json carries the latest present as "concurrency", and the tallies
+# PROTOCOL-3 onwards): summary.json carries the latest present as "concurrency", and the tallies
 # of the others beside it, under these keys. A new call moves the range's end.
 CONCURRENCY_CALLS = (("concurrency_first_call", CONCURRENCY),
                      *((f"concurrency_call_{n}",

@@ -575,3 +575,20 @@ def test_the_spread_tool_takes_the_probes_of_judged_runs(tmp_path):
     assert "40 probe latencies" in spread["source"]
     assert spread["value"]["ratios"][-1] > spread["value"]["ratios"][-3] > 1.0
 
+
+
+def test_gil_fields_are_written_only_from_holds_and_unfitted_ones_pick_a_waiter_at_random():
+    """A benchmark that saw no hold ended by a waiter gives no GIL fields (the simulator keeps
+    CPython's switch-interval rule); one that did, unfitted, gives a random waiter (share 0)."""
+    from kvsim.calibration.cpu_fit import gil_fields
+
+    assert gil_fields({"hold_quantiles_ms": None, "worker_takeovers": 0}, "f.json", "here") == {}
+    est = {"hold_probs": [0.0, 0.5, 1.0], "hold_quantiles_ms": [1.0, 5.0, 50.0], "holds": 40,
+           "worker_takeovers": 12, "waiter_exponent": -0.25, "starter_takeover_per_s": None}
+    fields = gil_fields(est, "f.json", "here")
+    assert fields["gil_recent_taker_share"] == {"value": 0.0,
+                                                "source": "not fitted: a waiter picked at random"}
+    assert fields["gil_hold_ms"]["value"] == {"probs": [0.0, 0.5, 1.0],
+                                              "quantiles_ms": [1.0, 5.0, 50.0]}
+    assert fields["gil_hold_waiter_exponent"]["value"] == -0.25
+    assert "gil_starter_takeover_per_s" not in fields

@@ -59,8 +59,14 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     (cpu,) = [p for p in tmp_path.glob("kvsim-python-*.json") if p != samples]
     fields = json.loads(cpu.read_text())
     assert fields["thread_start_us"]["value"] > 0
-    assert fields["gil_recent_taker_share"] == {"value": 0.0, "source": "not fitted: a waiter "
-                                                                      "picked at random"}
+    if gil["hold_quantiles_ms"] is None:
+        # A short benchmark on a small host may see no hold ended by a waiter (the CI VM did):
+        # then there is nothing to estimate from and the preset keeps CPython's rule.
+        assert gil["worker_takeovers"] == 0
+        assert not {"gil_hold_ms", "gil_recent_taker_share"} & fields.keys()
+    else:
+        assert fields["gil_recent_taker_share"] == {"value": 0.0, "source": "not fitted: a waiter "
+                                                                          "picked at random"}
 
 
 def test_calibrate_refuses_a_probe_count_below_one_before_measuring(tmp_path, capsys):

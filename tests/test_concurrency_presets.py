@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import load_tool
 
@@ -132,6 +134,35 @@ def test_design_f_takes_the_after_sleep_factor_from_the_sleeping_loops_probe_p50
     with pytest.raises(SystemExit):  # design F is E's terms plus it
         tool.main(["a.json", "lb.json", "out.json", "b.jsonl", "--speed-from-spread",
                    "--after-sleep-from", f"{m}:{closed},{s500}"])
+
+
+def test_design_g_takes_the_measured_gil_free_share_of_the_copy_submission(tmp_path):
+    """--submit-gil-free-from: tools/copy_submit_gil_share.py's pooled share, named with the
+    file, GPU and driver; refused from a run whose controls failed or with no share in 0..1."""
+    tool = load_tool("concurrency_preset6")
+    run = {"scenario": "scenarios/bugs/gil_deadlock.yaml", "when": "2026-12-06T14:00:00+00:00",
+           "machine": {"gpu": "NVIDIA H100 80GB HBM3", "driver": 13000},
+           "gil_release": {"method": "ok: the controls were told apart"},
+           "pooled": {"share": 0.61237, "batches": 480}}
+    f = tmp_path / "share.json"
+    f.write_text(json.dumps(run))
+    value, source = tool.submit_gil_free(f)
+    assert value == 0.6124
+    assert str(f) in source and "480 batch" in source and "H100" in source and "13000" in source
+    g = tool.build(_a(0.5), {"derived": {"lock_first_test_us": 10.0}}, "lb.json", None, "", "g",
+                   (13.0, "w"), ([[500.0, 1.7]], "s"), (value, source))
+    assert g["copy_submit_gil_free"] == {"value": 0.6124, "source": source} and g["name"] == "p-g"
+    for change, says in (({"gil_release": {"method": "failed: the controls were not told apart"}},
+                          "gil_release.method: failed"),
+                         ({"gil_release": {}}, "not checked"),
+                         ({"pooled": {"share": 1.2}}, "pooled.share: a share, 0 to 1, got 1.2"),
+                         ({"pooled": {}}, "got None")):
+        f.write_text(json.dumps(run | change))
+        with pytest.raises(ValueError, match=says):
+            tool.submit_gil_free(f)
+    with pytest.raises(SystemExit):  # design G is F's terms plus it
+        tool.main(["a.json", "lb.json", "out.json", "b.jsonl", "--speed-from-spread",
+                   "--first-test-from", "m:c", "--submit-gil-free-from", str(f)])
 
 
 def test_bad_inputs_are_refused_naming_the_file_before_anything_is_written(tmp_path, capsys):

@@ -29,8 +29,14 @@ loop's. The sleeping loops' probes run about twice as long as the closed loops' 
 (manager CPU, lock test, Python edges: the call records of call 9), which a woken thread's cold
 caches explain and a constant extra does not. Those cases' probe figures are then a fit role.
 
+With ``--submit-gil-free-from SHARE.json`` as well (PROTOCOL-11's design G), the preset gets
+``copy_submit_gil_free``: the pooled share of the copy submission spent in CUDA calls that
+release the GIL, as ``tools/copy_submit_gil_share.py`` measured it (refused if that run's
+controls were not told apart).
+
     python3 tools/concurrency_preset6.py [--speed-from-spread] [--first-test-from M:CASES] \\
-        [--after-sleep-from M:CLOSED,SLEEPING...] A.json LOCK_BENCH.json OUT.json SPREAD_BENCH.jsonl[.xz]...
+        [--after-sleep-from M:CLOSED,SLEEPING...] [--submit-gil-free-from SHARE.json] \\
+        A.json LOCK_BENCH.json OUT.json SPREAD_BENCH.jsonl[.xz]...
 """
 
 from __future__ import annotations
@@ -55,11 +61,13 @@ LOCK_TERMS = ("lock_test_us", "lock_wake_us", "lock_first_test_us")
 
 def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_files: str,
           design: str = "c", first_test: tuple[float, str] | None = None,
-          after_sleep: tuple[list[list[float]], str] | None = None) -> dict:
+          after_sleep: tuple[list[list[float]], str] | None = None,
+          submit_free: tuple[float, str] | None = None) -> dict:
     """Design C (or D, whose ``a`` carries the speed of the spread's runs) from preset ``a``,
     the lock bench's JSON and (if given) a spread table; with ``first_test`` (value in us, its
     source), that is ``lock_first_test_us`` instead of the bench's (design E); with
-    ``after_sleep`` (points, source) as well, that is ``after_sleep_factor`` (design F)."""
+    ``after_sleep`` (points, source) as well, that is ``after_sleep_factor`` (design F); with
+    ``submit_free`` (share, source) as well, that is ``copy_submit_gil_free`` (design G)."""
     c = dict(a)
     c["name"] = f"{a.get('name', 'preset')}-{design}"
     c["description"] = (str(a.get("description", "")) + " PROTOCOL-6 design C: plus a thread's "
@@ -93,6 +101,10 @@ def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_fil
         c["after_sleep_factor"] = {"value": after_sleep[0], "source": after_sleep[1]}
         c["description"] += (" PROTOCOL-10 design F: the call after a sleep runs slower by the "
                              "judged sleeping loops' probe p50 over the closed loop's.")
+    if submit_free is not None:
+        c["copy_submit_gil_free"] = {"value": submit_free[0], "source": submit_free[1]}
+        c["description"] += (" PROTOCOL-11 design G: the measured share of the copy submission "
+                             "that runs without the GIL.")
     if spread is not None:
         c["call_cpu_spread"] = host_speed.spread_field(spread, spread_files)
     return c
@@ -183,6 +195,26 @@ def after_sleep_factor(spec: str) -> tuple[list[list[float]], str]:
         "(tools/concurrency_preset6.py --after-sleep-from)")
 
 
+def submit_gil_free(path: Path) -> tuple[float, str]:
+    """``copy_submit_gil_free`` from a ``tools/copy_submit_gil_share.py`` output: its pooled
+    share, and where it came from; refused if that run's GIL-release controls failed."""
+    d = read_json(path)
+    method = str(d.get("gil_release", {}).get("method", "not checked"))
+    if not method.startswith("ok"):
+        raise ValueError(f"{path}: gil_release.method: {method} (a share is taken only from a "
+                         "run whose controls were told apart)")
+    pooled = d.get("pooled", {})
+    value = pooled.get("share")
+    if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{path}: pooled.share: a share, 0 to 1, got {value!r}")
+    m = d.get("machine", {})
+    return round(float(value), 4), (
+        f"{path}: tools/copy_submit_gil_share.py pooled share over {pooled.get('batches')} "
+        f"batch submissions of {d.get('scenario')} ({m.get('gpu')}, driver {m.get('driver')}, "
+        f"{d.get('when')}); CUDA calls' time less the uploads' allocations over enqueue time, "
+        "an upper bound (their argument conversion holds the GIL)")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("preset_a", type=Path)
@@ -195,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="lock_first_test_us from those cases' writer waits (design E)")
     ap.add_argument("--after-sleep-from", metavar="MEASURED:CLOSED,SLEEPING[,...]",
                     help="after_sleep_factor from those cases' probe p50s (design F)")
+    ap.add_argument("--submit-gil-free-from", metavar="SHARE.json", type=Path,
+                    help="copy_submit_gil_free from tools/copy_submit_gil_share.py (design G)")
     args = ap.parse_args(argv)
     if args.first_test_from and not args.speed_from_spread:
         ap.error("--first-test-from is design E, design D's terms plus it: give "
@@ -202,8 +236,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.after_sleep_from and not args.first_test_from:
         ap.error("--after-sleep-from is design F, design E's terms plus it: give "
                  "--first-test-from too")
-    design = ("f" if args.after_sleep_from else "e" if args.first_test_from
-              else "d" if args.speed_from_spread else "c")
+    if args.submit_gil_free_from and not args.after_sleep_from:
+        ap.error("--submit-gil-free-from is design G, design F's terms plus it: give "
+                 "--after-sleep-from too")
+    design = ("g" if args.submit_gil_free_from else "f" if args.after_sleep_from
+              else "e" if args.first_test_from else "d" if args.speed_from_spread else "c")
     try:  # every input read and checked before the output is written
         a = _json(args.preset_a)
         runs = gh.read_runs(args.spread_bench)
@@ -214,13 +251,15 @@ def main(argv: list[str] | None = None) -> int:
                                                              ", ".join(args.spread_bench))
         first = writer_first_test_us(args.first_test_from) if args.first_test_from else None
         cold = after_sleep_factor(args.after_sleep_from) if args.after_sleep_from else None
+        free = submit_gil_free(args.submit_gil_free_from) if args.submit_gil_free_from else None
         c = build(a, read_json(args.lock_bench), str(args.lock_bench), spread,
-                  ", ".join(args.spread_bench), design, first, cold)
+                  ", ".join(args.spread_bench), design, first, cold, free)
     except (OSError, ValueError, KvsimError) as e:
         print(f"concurrency_preset6.py: {e}", file=sys.stderr)
         return 2
     args.out.write_text(json.dumps(c, indent=1) + "\n")
-    print(json.dumps({k: c[k]["value"] for k in (*LOCK_TERMS, "after_sleep_factor") if k in c}
+    print(json.dumps({k: c[k]["value"] for k in (*LOCK_TERMS, "after_sleep_factor",
+                                               "copy_submit_gil_free") if k in c}
                      | {"spread": spread}))
     return 0
 

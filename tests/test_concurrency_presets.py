@@ -122,8 +122,12 @@ def test_design_f_takes_the_after_sleep_factor_from_the_sleeping_loops_probe_p50
     assert points == [[500.0, pytest.approx(0.09 / 0.05)], [2000.0, pytest.approx(0.1 / 0.05)]]
     assert s500 in source and closed in source
     bench = {"derived": {"lock_first_test_us": 10.0}}
-    f = tool.build(_a(0.5), bench, "lb.json", None, "", "f", (13.0, "w"), (points, source))
+    a = _a(0.5) | {"after_sleep_us": {"value": [[500.0, 9.4], [2000.0, 52.2]], "source": "b"}}
+    f = tool.build(a, bench, "lb.json", None, "", "f", (13.0, "w"), (points, source))
     assert f["after_sleep_factor"] == {"value": points, "source": source} and f["name"] == "p-f"
+    assert "after_sleep_us" not in f  # the factor holds the whole after-sleep cost
+    e = tool.build(a, bench, "lb.json", None, "", "e", (13.0, "w"))
+    assert e["after_sleep_us"] == a["after_sleep_us"]  # design E keeps it
     for spec, says in ((f"{m}:{s500},{s2000}", "must be a closed loop"),
                        (f"{m}:{closed}", "name the closed loop, then"),
                        (f"{m}:{closed},{s500},probe_during_resize.writer_preference.t4.i500",

@@ -38,12 +38,13 @@ def test_every_cpu_preset_key_the_loader_reads_is_documented(monkeypatch):
     read |= set(re.findall(r'_flag\(path, data, "(\w+)"', loader))
     read |= set(re.findall(r'_sleep_points\(path, data, "(\w+)"', loader))
     read |= set(re.findall(r'_share\(path, data, "(\w+)"', loader))
+    read |= set(re.findall(r'entry = data.get\("(\w+)"\)', loader))
     read = {k for k in read if not k.startswith("gil_")}  # the hand-over's row documents those
     shipped = set()
     for path in (ROOT / "kvsim/hardware/cpu").glob("*.json"):
         shipped |= set(json.loads(path.read_text()))
     assert {"lock_test_us", "after_sleep_us", "after_sleep_factor", "host_speed_factor",
-            "lock_mutex"} <= read
+            "lock_mutex", "copy_submit_gil_free", "api_call_us"} <= read
     assert read - shipped <= set(make_docs.OPTIONAL_CPU_FIELDS), read - shipped
     presets_page = (ROOT / "docs/presets.md").read_text()
     for key in make_docs.OPTIONAL_CPU_FIELDS:

@@ -274,12 +274,42 @@ def test_copy_submission_may_run_without_the_gil_and_let_other_threads_in(tmp_pa
     assert sum(w > 0.005 for w in free) >= 10 and max(free) > 0.05
 
 
+def test_api_call_us_prices_each_call_by_the_manager_method_it_ran(tmp_path):
+    """api_call_us: a call's fixed cost is its plan API's intercept (a capacity setter runs
+    KvCache.resize, a destructor KvCache.close), per_call_us for a method not listed; its
+    CPU time and recorded terms follow."""
+    import json
+
+    from kvsim.model.cpu_cost import load_cpu_model
+    from kvsim.scenario.schema import parse_scenario
+
+    preset = json.loads((ROOT / "kvsim/hardware/cpu/kvsim-python-h200host.json").read_text())
+    sf = load_scenario_file(ROOT / "scenarios/bugs/gil_deadlock.yaml")
+    path = tmp_path / "cpu.json"
+    path.write_text(json.dumps(preset | {"api_call_us": {
+        "value": {"KvCache.resize": 500.0, "KvCache.close": 100.0}, "source": "test"}}))
+    cpu = load_cpu_model(path)
+    assert cpu.api_call_us == {"KvCache.resize": 500.0 * cpu.host_speed_factor,
+                               "KvCache.close": 100.0 * cpu.host_speed_factor}
+    calls = execute(parse_scenario({**sf.data, "cpu_model": str(path)}, sf.source))["calls"]
+    fixed = {c["api"]: c["cpu_terms_us"]["per_call"] for c in calls if c["ok"]}
+    assert fixed["KvCache.resize"] == fixed["KvCache.capacity.setter"] == cpu.api_call_us[
+        "KvCache.resize"]
+    assert fixed["KvCache.close"] == fixed["KvCache.__del__"] == cpu.api_call_us["KvCache.close"]
+    assert fixed["KVCacheManager.create_kv_cache"] == fixed["KvCache.resume"] == cpu.per_call_us
+    for c in calls:  # the call's CPU is its terms (no spread, no first-call factor here: > =)
+        if c["ok"] and c["api"] == "KvCache.close":
+            assert c["cpu_ms"] * 1e3 >= sum(c["cpu_terms_us"].values()) - 1e-6
+
+
 BAD_OPTIONAL_FIELDS = [
     *(("after_sleep_us", bad) for bad in ([[0, 5.0]], [[500, 5.0], [400, 6.0]], [[500, -1.0]],
                                           [[500]], [])),
     *(("after_sleep_factor", bad) for bad in ([[0, 1.5]], [[500, 1.5], [400, 2.0]],
                                               [[500, 0.0]], [[500]], [])),
     *(("copy_submit_gil_free", bad) for bad in (1.5, -0.1, True, "half")),
+    *(("api_call_us", bad) for bad in ({"KvCache.capacity.setter": 5.0}, {"Nope.call": 5.0},
+                                       {"KvCache.resize": -1.0}, {"KvCache.resize": True}, 7.0)),
 ]
 
 
@@ -294,7 +324,7 @@ def test_a_bad_optional_cpu_field_is_refused_naming_the_file_and_key(tmp_path, k
     preset[key] = {"value": bad, "source": "test fixture"}
     path = tmp_path / "cpu.json"
     path.write_text(json.dumps(preset))
-    with pytest.raises(ConfigError, match=rf"cpu\.json: {key}: "):
+    with pytest.raises(ConfigError, match=rf"cpu\.json: {key}[.:]"):
         load_cpu_model(path)
 
 

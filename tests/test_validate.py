@@ -30,6 +30,8 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     import json
     from pathlib import Path
 
+    import pytest
+
     from kvsim.cli import main
     from kvsim.hardware import load_hardware
 
@@ -59,6 +61,15 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     (cpu,) = [p for p in tmp_path.glob("kvsim-python-*.json") if p != samples]
     fields = json.loads(cpu.read_text())
     assert fields["thread_start_us"]["value"] > 0
+    # each method's fixed cost from the churn loop (kvsim.calibration.api_costs), and a round's
+    assert set(fields["api_call_us"]["value"]) == {
+        "KVCacheManager.create_kv_cache", "KvCache.resume", "KvCache.resize", "KvCache.commit",
+        "KvCache.close"}
+    assert "api_costs" in fields["api_call_us"]["source"]
+    assert fields["unit_us"]["eviction_rounds"]["value"] >= 0
+    churn = json.loads(samples.read_text())["api_churn"]
+    assert len(churn["calls"]) == 5 * 300 and churn["api_call_us"] == pytest.approx(
+        {k: v for k, v in fields["api_call_us"]["value"].items()}, abs=1e-3)
     if gil["hold_quantiles_ms"] is None:
         # A short benchmark on a small host may see no hold ended by a waiter (the CI VM did):
         # then there is nothing to estimate from and the preset keeps CPython's rule.

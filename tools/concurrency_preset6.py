@@ -28,6 +28,10 @@ probe p50 (every probe_reuse latency of its ok runs pooled, as the judge's) over
 loop's. The sleeping loops' probes run about twice as long as the closed loops' on every part
 (manager CPU, lock test, Python edges: the call records of call 9), which a woken thread's cold
 caches explain and a constant extra does not. Those cases' probe figures are then a fit role.
+The factor is the judged loops' whole after-sleep ratio, so the preset's ``after_sleep_us``
+(the one-thread bench's constant, tools/probe_after_sleep.py) is dropped: kept, it was counted
+twice and stretched by the factor as well (call 11, README "Call 11": +52 us at 2000 us on that
+host made the sleeping loops +104 to +114 %).
 
 With ``--submit-gil-free-from SHARE.json`` as well (PROTOCOL-11's design G), the preset gets
 ``copy_submit_gil_free``: the pooled share of the copy submission spent in CUDA calls that
@@ -99,6 +103,7 @@ def build(a: dict, bench: dict, bench_file: str, spread: dict | None, spread_fil
             c[key] = term
     if after_sleep is not None:
         c["after_sleep_factor"] = {"value": after_sleep[0], "source": after_sleep[1]}
+        c.pop("after_sleep_us", None)  # held in the factor (see the module docstring)
         c["description"] += (" PROTOCOL-10 design F: the call after a sleep runs slower by the "
                              "judged sleeping loops' probe p50 over the closed loop's.")
     if submit_free is not None:

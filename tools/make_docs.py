@@ -705,7 +705,7 @@ def spec_meanings(cls: type, prefix: str = "") -> dict[str, tuple[str, str]]:
 OPTIONAL_CPU_FIELDS = ("host_speed_factor", "after_sleep_us", "lock_test_us", "lock_wake_us",
                        "lock_mutex", "lock_release_us", "sleep_retakes_gil", "lock_retest_us",
                        "sleep_overshoot_us", "call_cpu_spread", "lock_first_test_us",
-                       "after_sleep_factor", "copy_submit_gil_free")
+                       "after_sleep_factor", "copy_submit_gil_free", "api_call_us")
 
 
 def cpu_meanings(keys: list[str]) -> dict[str, str]:

@@ -23,7 +23,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from kvsim.calibration import cpu_fit, gil_handover, host_overhead
+from kvsim.calibration import api_costs, cpu_fit, gil_handover, host_overhead
 from kvsim.errors import KvsimError
 from kvsim.output_dir import open_output_dir
 
@@ -99,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     cases = cpu_fit.measure(args.repeats, progress=say)
     costs = cpu_fit.fit(cases)
     factor = cpu_fit.first_call_factor(cases)
+    say("each method's fixed cost in a churn loop")
+    churn = api_costs.measure()
+    intercepts, round_us = api_costs.fit(churn, costs)
     say("lock acquire/release and executor per-call overhead")
     lock = host_overhead.lock_costs()
     overhead = host_overhead.executor_call_overhead()
@@ -135,14 +138,20 @@ def run(args: argparse.Namespace) -> int:
                     "python": platform.python_version(), "platform": platform.platform()},
         "unit_costs_us": costs, "first_call_factor": factor, "cases": rows,
         "lock_acquire_release_us": lock, "executor_call_overhead_us": overhead,
-        "gil_handover": gil, "thread_start_us": start_cost}
+        "gil_handover": gil, "thread_start_us": start_cost,
+        "api_churn": {"timing": "perf_counter around each call of kvsim.calibration.api_costs' "
+                                "churn loop (one thread, garbage collection on)",
+                      "summary": api_costs.summary(churn), "api_call_us": intercepts,
+                      "eviction_round_us": round_us,
+                      "calls": [[c.api, round(c.seconds * 1e6, 3), c.counts["eviction_rounds"]]
+                                for c in churn]}}
     samples_file.write_text(json.dumps(samples, indent=1) + "\n")
     preset_file = out / f"{name}.json"
 
     def write_preset() -> None:
         preset_file.write_text(json.dumps(cpu_fit.preset(
-            costs, str(samples_file), name, overhead["us"], factor, gil, start_cost["us"]),
-            indent=1) + "\n")
+            costs, str(samples_file), name, overhead["us"], factor, gil, start_cost["us"],
+            (intercepts, round_us)), indent=1) + "\n")
 
     write_preset()
     if gil is not None:
@@ -181,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
                       "gil_starter_takeover_per_s": (
                           None if gil is None else gil.get("fit", gil)["starter_takeover_per_s"]),
                       "thread_start_us": start_cost["us"],
+                      "api_call_us": intercepts, "eviction_round_us": round_us,
                       "judge_median_ape_pct": sorted(judged)[len(judged) // 2] if judged else None,
                       "judge_worst_ape_pct": max(judged) if judged else None}, sort_keys=True))
     return 0

@@ -210,11 +210,13 @@ def predict_us(costs: dict[str, float], counts: dict[str, int]) -> float:
 
 def preset(costs: dict[str, float], source_file: str, name: str,
            call_overhead_us: float | None = None, thread_factor: float | None = None,
-           gil: dict | None = None, thread_start_us: float | None = None) -> dict:
+           gil: dict | None = None, thread_start_us: float | None = None,
+           churn: tuple[dict[str, float], float] | None = None) -> dict:
     """The CPU preset; ``call_overhead_us`` (from :mod:`kvsim.calibration.host_overhead`) is the
     executor's per-call host work outside the manager, lock included; ``gil`` the estimate of
-    :func:`kvsim.calibration.gil_handover.estimate` and ``thread_start_us`` the cost of
-    ``Thread.start()`` (:func:`kvsim.calibration.gil_handover.thread_start_cost`)."""
+    :func:`kvsim.calibration.gil_handover.estimate`, ``thread_start_us`` the cost of
+    ``Thread.start()`` (:func:`kvsim.calibration.gil_handover.thread_start_cost`) and ``churn``
+    :func:`kvsim.calibration.api_costs.fit`'s (fixed cost per method, cost per eviction round)."""
     machine = machine_label(platform.node() or "this host",
                             platform.processor() or platform.machine(), platform.python_version())
     src = (f"{source_file}: kvsim.calibration.cpu_fit {machine}; non-negative least squares over "
@@ -225,7 +227,7 @@ def preset(costs: dict[str, float], source_file: str, name: str,
                     "source": f"{source_file}: kvsim.calibration.host_overhead {machine}; hardware "
                               "executor latency less manager time, median over cheap calls "
                               "(lock acquire and release included)"})
-    return {
+    out = {
         "name": name,
         "description": "This project's Python manager (kvsim.manager), fitted on the machine named in the "
                        "sources. The manager runs in Python, so its CPU time holds the GIL.",
@@ -245,6 +247,16 @@ def preset(costs: dict[str, float], source_file: str, name: str,
         "callback_us": {"value": 0.0, "source": "not calibrated; no workload here uses callbacks"},
         "unit_us": {u: {"value": round(costs[u], 5), "source": src} for u in UNITS},
     }
+    if churn is not None:
+        intercepts, round_us = churn
+        churn_src = (f"{source_file}: kvsim.calibration.api_costs {machine}; median over the "
+                     "churn loop's calls of their time less the unit costs of their counts")
+        out["api_call_us"] = {"value": {k: round(v, 3) for k, v in sorted(intercepts.items())},
+                              "source": churn_src}
+        out["unit_us"]["eviction_rounds"] = {
+            "value": round(round_us, 5),
+            "source": churn_src + "; per round of the evicting resizes, over the others' intercept"}
+    return out
 
 
 def machine_label(node: str, processor: str, python: str) -> str:

@@ -89,7 +89,13 @@ class PublicCall:
         return Outcome(value, plan)
 
 
+# The name of every public call defined (the manager's modules define them on import): what a
+# plan's ``api`` can say, and what a CPU preset's per-method costs may name.
+CALL_NAMES: set[str] = set()
+
+
 def public_call(name: str, mutates: bool = True, skip_if: Callable[[Any], bool] | None = None
                 ) -> Callable[[Callable[..., Any]], PublicCall]:
     """Mark ``body(self, plan, *args)`` as the public call ``name`` (see the module docstring)."""
+    CALL_NAMES.add(name)
     return lambda body: PublicCall(name, body, mutates, skip_if)

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from kvsim.errors import ConfigError
 from kvsim.hardware.spec import load_preset_json
+from kvsim.manager import KVCacheManager  # noqa: F401 - defines the public calls CALL_NAMES lists
+from kvsim.manager.calls import CALL_NAMES
 from kvsim.manager.plan import WorkCounts
 from kvsim.model.handover import Handover
 
@@ -106,6 +108,12 @@ class CpuCostModel:
     # in CUDA calls that release the GIL (launches, asynchronous copies); the rest is Python that
     # holds it. Other threads can run, and take the manager's lock's waiters' turn, meanwhile.
     copy_submit_gil_free: float = 0.0
+    # A call's own fixed cost by the manager method it ran (the plan's API: a capacity setter
+    # runs KvCache.resize), in place of per_call_us; an API not listed takes per_call_us. One
+    # intercept for every call misprices small calls: per_call_us is fitted where big bursts
+    # and probes dominate, while a resume, close or churning resize costs 2-7x it on the hosts
+    # measured (reports/validation-h200/concurrency/README.md, "After call 11").
+    api_call_us: dict[str, float] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     def after_sleep_s(self, slept_s: float) -> float:
@@ -116,16 +124,21 @@ class CpuCostModel:
         """The factor on the host costs of the next call after sleeping ``slept_s``."""
         return _interpolate(self.after_sleep_factor, slept_s * 1e6, 1.0)
 
-    def seconds(self, counts: WorkCounts) -> float:
-        total = self.per_call_us
+    def call_us(self, api: str | None) -> float:
+        """The fixed cost of a call of the manager method ``api`` (a plan's API label)."""
+        return self.api_call_us.get(api, self.per_call_us) if api else self.per_call_us
+
+    def seconds(self, counts: WorkCounts, api: str | None = None) -> float:
+        """Host seconds of a call of ``api`` (the plan's API; None: per_call_us) with ``counts``."""
+        total = self.call_us(api)
         for unit, cost in self.unit_us.items():
             if cost:
                 total += cost * getattr(counts, unit)
         return total * 1e-6
 
-    def terms_us(self, counts: WorkCounts) -> dict[str, float]:
+    def terms_us(self, counts: WorkCounts, api: str | None = None) -> dict[str, float]:
         """Each unit's contribution, for reports that trace a time to its formula."""
-        out = {"per_call": self.per_call_us}
+        out = {"per_call": self.call_us(api)}
         for unit, cost in self.unit_us.items():
             n = getattr(counts, unit)
             if cost and n:
@@ -192,6 +205,7 @@ def cpu_model_from_dict(data: dict, path: str | Path) -> CpuCostModel:
         sleep_overshoot_us=_overshoot(path, data, sources),
         call_cpu_spread=_spread(path, data, sources),
         copy_submit_gil_free=_share(path, data, "copy_submit_gil_free", sources),
+        api_call_us=_api_call_us(path, data, sources, speed),
         sources=sources,
     )
 
@@ -255,6 +269,30 @@ def _share(path: Path, data: dict, key: str, sources: dict[str, str]) -> float:
                           "\"source\": \"...\"}}")
     sources[key] = str(entry["source"])
     return float(v)
+
+
+def _api_call_us(path: Path, data: dict, sources: dict[str, str], speed: float) -> dict[str, float]:
+    """Optional ``api_call_us``: {"value": {manager method label: us >= 0}, "source": "..."},
+    stretched by the host speed like every host cost; absent: none. A label must name a method
+    a plan reports (``KvCache.resize``, not the capacity setter that runs it)."""
+    entry = data.get("api_call_us")
+    if entry is None:
+        return {}
+    if not isinstance(entry, dict) or set(entry) != {"value", "source"} \
+            or not isinstance(entry["value"], dict):
+        raise ConfigError(f"{path}: api_call_us: write {{\"value\": {{\"KvCache.resume\": us, "
+                          "...}}, \"source\": \"...\"}}")
+    methods = sorted(CALL_NAMES)
+    out = {}
+    for label, us in entry["value"].items():
+        if label not in methods:
+            raise ConfigError(f"{path}: api_call_us.{label}: not a manager method a plan reports "
+                              f"(known: {', '.join(methods)})")
+        if isinstance(us, bool) or not isinstance(us, (int, float)) or us < 0:
+            raise ConfigError(f"{path}: api_call_us.{label}: must be a number >= 0, got {us!r}")
+        out[label] = float(us) * speed
+    sources["api_call_us"] = str(entry["source"])
+    return out
 
 
 def _flag(path: Path, data: dict, key: str, sources: dict[str, str]) -> bool:

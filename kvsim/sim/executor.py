@@ -48,6 +48,7 @@ from kvsim.manager.manager import KVCacheManager
 from kvsim.model.copy_paths import PATHS
 from kvsim.model.cpu_cost import CpuCostModel
 from kvsim.runtime import pipeline
+from kvsim.runtime.apis import Api
 from kvsim.runtime.records import Deadlock, GilStats, RunResult, StuckThread
 from kvsim.runtime.steps import GpuTimes, Step
 from kvsim.sim import lock_convoy
@@ -274,12 +275,13 @@ class SimExecutor:
 
     def _do_cpu(self, e: pipeline.SpendCpu):
         slow = self.cpu.first_call_factor if e.first_call else 1.0
-        seconds = self.cpu.seconds(e.counts) * slow * self._spread()
+        method = Api.named(e.api).plan_api if self.cpu.api_call_us else None
+        seconds = self.cpu.seconds(e.counts, method) * slow * self._spread()
         if self.cpu.holds_gil:  # recorded as run (stretched after a sleep)
             seconds = yield from self._python(e.thread, seconds, e.api)
         elif seconds:
             yield from self._wait(seconds)
-        return seconds, self.cpu.terms_us(e.counts)
+        return seconds, self.cpu.terms_us(e.counts, method)
 
     def _do_submit(self, e: pipeline.SubmitCopies):
         handles, submit_s = yield from self._submit(e)

@@ -18,7 +18,8 @@ come before skips SimPy's queue, with the same outcome: :mod:`kvsim.sim.environm
 * **the manager call**: the real manager runs the call at this instant and returns its plan;
 * **callbacks**: priority-callback and event-sink calls re-take the GIL under the lock,
   ``callback_us`` each;
-* **CPU**: ``cpu_model.seconds(plan.counts)``, plus the host cost of submitting the copies
+* **CPU**: ``cpu_model.seconds(plan.counts, method)`` (``method``: the manager method the call
+  ran, for a preset's ``api_call_us``), plus the host cost of submitting the copies
   (unless the CPU preset already includes it; with a Python manager, the preset's
   ``copy_submit_gil_free`` share of the submission runs without the GIL);
 * **copies**: submitted to the manager's copy stream (:mod:`kvsim.sim.stream`); by default the

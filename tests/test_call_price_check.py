@@ -22,6 +22,14 @@ def test_groups_and_ratios_are_per_thread_api_and_offload():
     assert by[("b", "KvCache.close", False)]["predicted_calls"] == 0
     assert by[("b", "KvCache.close", False)]["ratio"] is None
     assert by[("c", "KvCache.commit", False)]["measured_calls"] == 0
+    # thread CPU: a slim result's column or a full result's cpu_terms_us, in us; absent: left out
+    on_cpu = tool.by_api([{"thread": "a", "api": "KvCache.close", "cpu_ms": 0.3, "thread_cpu_ms": 0.1},
+                          {"thread": "a", "api": "KvCache.close", "cpu_ms": 0.3,
+                           "cpu_terms_us": {"thread_cpu": 300.0}},
+                          {"thread": "a", "api": "KvCache.close", "cpu_ms": 0.3}], "thread_cpu_ms")
+    assert on_cpu[("a", "KvCache.close", False)] == [100.0, 300.0]
+    row, = tool.table({("a", "KvCache.close", False): [300.0]}, {}, on_cpu)
+    assert row["measured_thread_cpu_median_us"] == 200.0
 
 
 def test_a_real_thread_run_and_the_simulator_make_the_same_calls(tmp_path, capsys):
@@ -43,6 +51,7 @@ def test_a_real_thread_run_and_the_simulator_make_the_same_calls(tmp_path, capsy
                                          "KvCache.resize", "KvCache.commit", "KvCache.close"}
     assert all(m == p == 40 for m, p in calls.values())  # 40 iterations on each side
     assert all(r["ratio"] > 0 for r in rows if r["ratio"] is not None)
+    assert all(r["measured_thread_cpu_median_us"] > 0 for r in rows if r["measured_calls"])
     assert "| antagonist | KvCache.resize |" in capsys.readouterr().out
 
 

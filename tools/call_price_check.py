@@ -5,8 +5,10 @@ CPU only (no GPU): runs a scenario variant ``--runs`` times on the hardware exec
 around each call as the hardware executor always times it, no copies) and once on the simulator
 with ``--cpu-model`` (a CPU preset; to compare like with like, one calibrated on this machine:
 ``kvsim calibrate --gil-runs 0 --out DIR``). Per (thread, API, whether the call offloaded): the
-calls and the median ``cpu_ms`` on each side, and their ratio. A ratio far from 1 is a call the
-CPU cost model prices wrong on this machine, whatever the threads do around it.
+calls and the median ``cpu_ms`` on each side, and their ratio, with the measured calls' median
+thread CPU time. A ratio far from 1 where thread CPU and time agree is a call the CPU cost model
+prices wrong on this machine; where the thread CPU is well below the time, the thread waited
+inside the call (for the GIL), which the simulator models outside the call's price.
 
 With ``--measured CASE_DIR`` the measured side is a concurrency call's runs of that case
 (``CASE_DIR/rN/results.json[.xz]``, e.g. ``measured-11/v/gil_deadlock.fixed``) instead of runs
@@ -29,23 +31,37 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def by_api(calls: list[dict]) -> dict[tuple[str, str, bool], list[float]]:
-    """Each call's ``cpu_ms`` in us, grouped by (thread, API, offloaded any pages)."""
+def by_api(calls: list[dict], field: str = "cpu_ms") -> dict[tuple[str, str, bool], list[float]]:
+    """Each call's ``field`` in us, grouped by (thread, API, offloaded any pages). ``field``
+    "thread_cpu_ms": the hardware executor's thread CPU time in the call (slim results keep it
+    as a column, full ones under ``cpu_terms_us.thread_cpu``); calls without it are left out."""
     out: dict[tuple[str, str, bool], list[float]] = defaultdict(list)
     for c in calls:
-        out[(c["thread"], c["api"], bool(c.get("offloaded_pages")))].append(c["cpu_ms"] * 1e3)
+        if field == "thread_cpu_ms":
+            ms = c.get("thread_cpu_ms")
+            if ms is None and (c.get("cpu_terms_us") or {}).get("thread_cpu") is not None:
+                ms = c["cpu_terms_us"]["thread_cpu"] * 1e-3
+        else:
+            ms = c[field]
+        if ms is not None:
+            out[(c["thread"], c["api"], bool(c.get("offloaded_pages")))].append(ms * 1e3)
     return out
 
 
-def table(measured: dict, predicted: dict) -> list[dict]:
-    """One row per group on either side: calls and median us of each, and measured/predicted."""
+def table(measured: dict, predicted: dict, on_cpu: dict | None = None) -> list[dict]:
+    """One row per group on either side: calls and median us of each, measured/predicted, and
+    (with ``on_cpu``, :func:`by_api` of thread CPU) the measured calls' median thread CPU: where
+    it is well below their time, the thread waited inside the call (for the GIL), which the
+    simulator puts outside the call's price."""
     rows = []
     for key in sorted(set(measured) | set(predicted)):
         m, p = measured.get(key, []), predicted.get(key, [])
+        c = (on_cpu or {}).get(key, [])
         mm = statistics.median(m) if m else None
         pm = statistics.median(p) if p else None
         rows.append({"thread": key[0], "api": key[1], "offloads": key[2],
                      "measured_calls": len(m), "measured_median_us": mm,
+                     "measured_thread_cpu_median_us": statistics.median(c) if c else None,
                      "predicted_calls": len(p), "predicted_median_us": pm,
                      "ratio": mm / pm if mm and pm else None})
     return rows
@@ -95,20 +111,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"call_price_check.py: {e}", file=sys.stderr)
         return 2
     measured: dict = defaultdict(list)
+    on_cpu: dict = defaultdict(list)
     for result in results:
         for key, us in by_api(result["calls"]).items():
             measured[key] += us
+        for key, us in by_api(result["calls"], "thread_cpu_ms").items():
+            on_cpu[key] += us
     predicted = by_api(execute(predicted_run)["calls"])
-    rows = table(measured, predicted)
-    print("| thread | API | offloads | measured calls | measured median us | "
+    rows = table(measured, predicted, on_cpu)
+    print("| thread | API | offloads | measured calls | measured median us | its thread CPU us | "
           "predicted calls | predicted median us | measured / predicted |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         def f(x):
             return "-" if x is None else f"{x:.1f}"
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         print(f"| {r['thread']} | {r['api']} | {'yes' if r['offloads'] else 'no'} | "
-              f"{r['measured_calls']} | {f(r['measured_median_us'])} | {r['predicted_calls']} | "
+              f"{r['measured_calls']} | {f(r['measured_median_us'])} | "
+              f"{f(r['measured_thread_cpu_median_us'])} | {r['predicted_calls']} | "
               f"{f(r['predicted_median_us'])} | {ratio} |")
     if args.out:
         args.out.write_text(json.dumps({"what": __doc__.split("\n")[0],

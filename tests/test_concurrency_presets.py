@@ -169,6 +169,19 @@ def test_design_g_takes_the_measured_gil_free_share_of_the_copy_submission(tmp_p
                    "--first-test-from", "m:c", "--submit-gil-free-from", str(f)])
 
 
+def test_no_call_costs_drops_the_per_method_costs_and_nothing_else():
+    tool = load_tool("concurrency_preset6")
+    src = {"source": "s"}
+    preset = _a(1.0) | {"per_call_us": {"value": 20.0, **src},
+                        "api_call_us": {"value": {"KvCache.resize": 90.0}, **src},
+                        "unit_us": {"pages_allocated": {"value": 0.1, **src},
+                                    "eviction_rounds": {"value": 80.0, **src}}}
+    out = tool.without_call_costs(preset)
+    assert "api_call_us" not in out and out["unit_us"] == {"pages_allocated": {"value": 0.1, **src}}
+    assert out["per_call_us"] == preset["per_call_us"] and out["name"] == "p-no-call-costs"
+    assert "api_call_us" in preset  # the input is left as it was
+
+
 def test_bad_inputs_are_refused_naming_the_file_before_anything_is_written(tmp_path, capsys):
     """A missing preset, a preset that is not JSON and a lock bench without ``derived``: exit 2,
     the file named, no output file."""

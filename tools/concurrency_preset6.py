@@ -38,9 +38,13 @@ With ``--submit-gil-free-from SHARE.json`` as well (PROTOCOL-11's design G), the
 release the GIL, as ``tools/copy_submit_gil_share.py`` measured it (refused if that run's
 controls were not told apart).
 
+With ``--no-call-costs`` the preset drops ``api_call_us`` and ``unit_us.eviction_rounds``
+(which ``kvsim calibrate`` writes since design H, kvsim.calibration.api_costs): every call then
+takes ``per_call_us``, as the designs before H priced them.
+
     python3 tools/concurrency_preset6.py [--speed-from-spread] [--first-test-from M:CASES] \\
         [--after-sleep-from M:CLOSED,SLEEPING...] [--submit-gil-free-from SHARE.json] \\
-        A.json LOCK_BENCH.json OUT.json SPREAD_BENCH.jsonl[.xz]...
+        [--no-call-costs] A.json LOCK_BENCH.json OUT.json SPREAD_BENCH.jsonl[.xz]...
 """
 
 from __future__ import annotations
@@ -200,6 +204,14 @@ def after_sleep_factor(spec: str) -> tuple[list[list[float]], str]:
         "(tools/concurrency_preset6.py --after-sleep-from)")
 
 
+def without_call_costs(preset: dict) -> dict:
+    """``preset`` without design H's per-method costs: every call takes ``per_call_us``."""
+    out = {k: v for k, v in preset.items() if k != "api_call_us"}
+    out["unit_us"] = {k: v for k, v in preset.get("unit_us", {}).items() if k != "eviction_rounds"}
+    out["name"] = f"{preset.get('name', 'preset')}-no-call-costs"
+    return out
+
+
 def submit_gil_free(path: Path) -> tuple[float, str]:
     """``copy_submit_gil_free`` from a ``tools/copy_submit_gil_share.py`` output: its pooled
     share, and where it came from; refused if that run's GIL-release controls failed."""
@@ -234,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="after_sleep_factor from those cases' probe p50s (design F)")
     ap.add_argument("--submit-gil-free-from", metavar="SHARE.json", type=Path,
                     help="copy_submit_gil_free from tools/copy_submit_gil_share.py (design G)")
+    ap.add_argument("--no-call-costs", action="store_true",
+                    help="drop api_call_us and unit_us.eviction_rounds (per_call_us for every call)")
     args = ap.parse_args(argv)
     if args.first_test_from and not args.speed_from_spread:
         ap.error("--first-test-from is design E, design D's terms plus it: give "
@@ -262,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KvsimError) as e:
         print(f"concurrency_preset6.py: {e}", file=sys.stderr)
         return 2
+    if args.no_call_costs:
+        c = without_call_costs(c)
     args.out.write_text(json.dumps(c, indent=1) + "\n")
     print(json.dumps({k: c[k]["value"] for k in (*LOCK_TERMS, "after_sleep_factor",
                                                "copy_submit_gil_free") if k in c}

@@ -211,6 +211,23 @@ def test_rounds_are_seeded_permutations():
     one, two = cj.round_order(1), cj.round_order(2)
     assert sorted(one) == sorted(two) == sorted(c.name for c in cj.CASES)
     assert one != two and one == cj.round_order(1)
+    # a call seed gives other orders of the same cases, the same for the same seed; 0 as before
+    seeded = cj.round_order(1, 12)
+    assert sorted(seeded) == sorted(one) and seeded != one and seeded == cj.round_order(1, 12)
+    assert cj.round_order(1, 0) == one and cj.round_order(1, 13) != seeded
+
+
+def test_the_runs_script_orders_each_round_by_its_order_seed(tmp_path):
+    """ORDER_SEED reaches the runs script's orders (and its log): the cases run in
+    round_order(round, seed)'s order, here the seed that puts them the other way round."""
+    seed = next(s for s in range(1, 100) if [c for c in cj.round_order(1, s) if c in CASES]
+                != [c for c in cj.round_order(1) if c in CASES])
+    out = tmp_path / "call"
+    proc = _dry_run(out, ROUNDS="1", CHUNK="1", GIL_BENCH="0", ORDER_SEED=str(seed))
+    assert proc.returncode == 0, proc.stderr
+    ran = [json.loads(line)["case"] for line in (out / "runs.jsonl").read_text().splitlines()]
+    assert ran == [c for c in cj.round_order(1, seed) if c in CASES]
+    assert f"order seed {seed}" in (out / "log.txt").read_text()
 
 
 def test_measure_refuses_a_second_run_of_the_same_round(measured, capsys):

@@ -17,6 +17,8 @@
 #              after BUDGET_S-45, a run still going at BUDGET_S-25 is cut (not judged), the rest
 #              is packing
 #   ROUNDS     at most this many rounds (default: as many as the budget allows)
+#   ORDER_SEED seeds the rounds' case orders with the round number (default 0: the round alone,
+#              the same orders in every call; give each call its own)
 #   CHUNK      cases per process (default 5); CASES: only these cases (default: all)
 #   CALIBRATE  0: skip the calibration (the dry run then simulates the shipped preset)
 #   GIL_BENCH  0: skip the GIL benchmark runs; GIL_BENCH_EVERY=K: a pair after every K-th chunk
@@ -80,14 +82,14 @@ chunks=0
 while (( $(date +%s) < runs_until )); do
   round=$(( round + 1 ))
   if [[ -n "${ROUNDS:-}" ]] && (( round > ROUNDS )); then break; fi
-  mapfile -t order < <("${judge[@]}" order "$round")
+  mapfile -t order < <("${judge[@]}" order "$round" --call-seed "${ORDER_SEED:-0}")
   if [[ -n "${CASES:-}" ]]; then
     keep=()
     for c in "${order[@]}"; do for o in "${only[@]}"; do [[ "$c" == "$o" ]] && keep+=("$c"); done; done
     order=("${keep[@]}")
   fi
   if (( ${#order[@]} == 0 )); then say "round $round: no case to run"; break; fi
-  say "round $round: ${#order[@]} cases"
+  say "round $round: ${#order[@]} cases (order seed ${ORDER_SEED:-0})"
   for (( i = 0; i < ${#order[@]}; i += chunk )); do
     now=$(date +%s)
     if (( now >= runs_until )); then break; fi

@@ -194,11 +194,14 @@ def source_digest(root: Path) -> str:
     return h.hexdigest()
 
 
-def round_order(round_no: int) -> list[str]:
+def round_order(round_no: int, call_seed: int = 0) -> list[str]:
     """Round ``round_no``'s case order: the case table shuffled by ``random.Random(round_no)``,
-    so every case takes every place over the rounds and drift falls on all cases alike."""
+    so every case takes every place over the rounds and drift falls on all cases alike. With
+    ``call_seed`` (not 0) the shuffle is seeded by both, so that calls differ in their orders
+    too: with 0, as calls 3 to 11 ran, every call repeats the same orders and an effect of a
+    case's place (what ran before it in its process) repeats with them."""
     names = [c.name for c in CASES]
-    random.Random(round_no).shuffle(names)
+    random.Random(round_no if not call_seed else f"{call_seed}:{round_no}").shuffle(names)
     return names
 
 
@@ -698,11 +701,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "order":
         p.add_argument("round", type=int)
+        p.add_argument("--call-seed", type=int, default=0,
+                       help="seeds the orders with the round (0: the round alone, as before)")
         a = p.parse_args(argv[1:])
         if a.round < 1:
             print("concurrency_judge order: ROUND must be >= 1", file=sys.stderr)
             return 2
-        print("\n".join(round_order(a.round)))
+        print("\n".join(round_order(a.round, a.call_seed)))
         return 0
     p.add_argument("out")
     p.add_argument("--mode", required=True, choices=sorted(MODES))

@@ -18,7 +18,7 @@
 #              is packing
 #   ROUNDS     at most this many rounds (default: as many as the budget allows)
 #   ORDER_SEED seeds the rounds' case orders with the round number (default 0: the round alone,
-#              the same orders in every call; give each call its own)
+#              the same orders in every call, as calls 4-11 ran; give each call its own)
 #   CHUNK      cases per process (default 5); CASES: only these cases (default: all)
 #   CALIBRATE  0: skip the calibration (the dry run then simulates the shipped preset)
 #   GIL_BENCH  0: skip the GIL benchmark runs; GIL_BENCH_EVERY=K: a pair after every K-th chunk

@@ -198,7 +198,7 @@ def round_order(round_no: int, call_seed: int = 0) -> list[str]:
     """Round ``round_no``'s case order: the case table shuffled by ``random.Random(round_no)``,
     so every case takes every place over the rounds and drift falls on all cases alike. With
     ``call_seed`` (not 0) the shuffle is seeded by both, so that calls differ in their orders
-    too: with 0, as calls 3 to 11 ran, every call repeats the same orders and an effect of a
+    too: with 0, as calls 4 to 11 ran, every call repeats the same orders and an effect of a
     case's place (what ran before it in its process) repeats with them."""
     names = [c.name for c in CASES]
     random.Random(round_no if not call_seed else f"{call_seed}:{round_no}").shuffle(names)

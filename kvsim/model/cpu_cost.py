@@ -223,6 +223,18 @@ def _interpolate(pts: tuple[tuple[float, float], ...], t: float, at_zero: float)
     return prev_x
 
 
+def _field(data: dict, key: str) -> tuple[bool, object]:
+    """(present, value) of an optional ``{"value": ..., "source": "..."}`` field: (False, None)
+    when absent; a value of None when the field is not written that way, which each loader's
+    check of the value then refuses with its own message (naming the file and the key). A
+    loader notes ``data[key]["source"]`` once the value passed."""
+    entry = data.get(key)
+    if entry is None:
+        return False, None
+    shaped = isinstance(entry, dict) and set(entry) == {"value", "source"}
+    return True, entry["value"] if shaped else None
+
+
 def _overshoot(path: Path, data: dict, sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
     """``sleep_overshoot_us``: {"value": {"probs": [0, ..., 1], "quantiles_us": [...]},
     "source"}, probs rising from 0 to 1, quantiles >= 0 not falling; absent: none."""
@@ -239,10 +251,9 @@ def _distribution(path: Path, data: dict, key: str, column: str, least: float | 
                   sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
     """A distribution field as (prob, value) pairs: ``column``'s values at ``probs`` from 0 to 1,
     not falling, at least ``least`` (None: above 0); absent: ()."""
-    entry = data.get(key)
-    if entry is None:
+    present, v = _field(data, key)
+    if not present:
         return ()
-    v = entry.get("value") if isinstance(entry, dict) and set(entry) == {"value", "source"} else None
     probs = v.get("probs") if isinstance(v, dict) else None
     qs = v.get(column) if isinstance(v, dict) else None
     ok = (isinstance(probs, list) and isinstance(qs, list) and len(probs) == len(qs) >= 2
@@ -254,20 +265,19 @@ def _distribution(path: Path, data: dict, key: str, column: str, least: float | 
         raise ConfigError(f"{path}: {key}: write {{\"value\": {{\"probs\": [0, ..., 1], "
                           f"\"{column}\": [...]}}, \"source\": \"...\"}} (probs rising, {column} "
                           f"{bound} not falling)")
-    sources[key] = str(entry["source"])
+    sources[key] = str(data[key]["source"])
     return tuple((float(p), float(q)) for p, q in zip(probs, qs))
 
 
 def _share(path: Path, data: dict, key: str, sources: dict[str, str]) -> float:
     """An optional share: {"value": 0 to 1, "source": "..."}; absent: 0."""
-    entry = data.get(key)
-    if entry is None:
+    present, v = _field(data, key)
+    if not present:
         return 0.0
-    v = entry.get("value") if isinstance(entry, dict) and set(entry) == {"value", "source"} else None
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
         raise ConfigError(f"{path}: {key}: write {{\"value\": a share from 0 to 1, "
                           "\"source\": \"...\"}}")
-    sources[key] = str(entry["source"])
+    sources[key] = str(data[key]["source"])
     return float(v)
 
 
@@ -275,36 +285,33 @@ def _api_call_us(path: Path, data: dict, sources: dict[str, str], speed: float) 
     """Optional ``api_call_us``: {"value": {manager method label: us >= 0}, "source": "..."},
     stretched by the host speed like every host cost; absent: none. A label must name a method
     a plan reports (``KvCache.resize``, not the capacity setter that runs it)."""
-    entry = data.get("api_call_us")
-    if entry is None:
+    present, value = _field(data, "api_call_us")
+    if not present:
         return {}
-    if not isinstance(entry, dict) or set(entry) != {"value", "source"} \
-            or not isinstance(entry["value"], dict):
+    if not isinstance(value, dict):
         raise ConfigError(f"{path}: api_call_us: write {{\"value\": {{\"KvCache.resume\": us, "
                           "...}}, \"source\": \"...\"}}")
-    methods = sorted(CALL_NAMES)
     out = {}
-    for label, us in entry["value"].items():
-        if label not in methods:
+    for label, us in value.items():
+        if label not in CALL_NAMES:
             raise ConfigError(f"{path}: api_call_us.{label}: not a manager method a plan reports "
-                              f"(known: {', '.join(methods)})")
+                              f"(known: {', '.join(sorted(CALL_NAMES))})")
         if isinstance(us, bool) or not isinstance(us, (int, float)) or us < 0:
             raise ConfigError(f"{path}: api_call_us.{label}: must be a number >= 0, got {us!r}")
         out[label] = float(us) * speed
-    sources["api_call_us"] = str(entry["source"])
+    sources["api_call_us"] = str(data["api_call_us"]["source"])
     return out
 
 
 def _flag(path: Path, data: dict, key: str, sources: dict[str, str]) -> bool:
     """An optional switch: {"value": true|false, "source": "..."}; absent: False."""
-    entry = data.get(key)
-    if entry is None:
+    present, value = _field(data, key)
+    if not present:
         return False
-    if not isinstance(entry, dict) or set(entry) != {"value", "source"} \
-            or not isinstance(entry["value"], bool):
+    if not isinstance(value, bool):
         raise ConfigError(f"{path}: {key}: write {{\"value\": true or false, \"source\": \"...\"}}")
-    sources[key] = str(entry["source"])
-    return entry["value"]
+    sources[key] = str(data[key]["source"])
+    return value
 
 
 def _after_sleep(path: Path, data: dict, sources: dict[str, str],
@@ -331,17 +338,16 @@ def _sleep_points(path: Path, data: dict, key: str, column: str,
                   sources: dict[str, str]) -> tuple[tuple[float, float], ...]:
     """A field of points by sleep time: {"value": [[sleep_us, <column>], ...], "source"}, sleep
     times rising from > 0; absent: ()."""
-    entry = data.get(key)
-    if entry is None:
+    present, pts = _field(data, key)
+    if not present:
         return ()
-    pts = entry.get("value") if isinstance(entry, dict) and set(entry) == {"value", "source"} else None
     ok = isinstance(pts, list) and pts and all(
         isinstance(p, list) and len(p) == 2
         and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in p) for p in pts)
     if not ok or pts[0][0] <= 0 or any(b[0] <= a[0] for a, b in zip(pts, pts[1:])):
         raise ConfigError(f"{path}: {key}: write {{\"value\": [[sleep_us, {column}], ...], "
                           "\"source\": \"...\"}} with sleep_us rising from > 0")
-    sources[key] = str(entry["source"])
+    sources[key] = str(data[key]["source"])
     return tuple((float(t), float(x)) for t, x in pts)
 
 
@@ -350,14 +356,13 @@ def _handover(path: Path, data: dict, optional, sources: dict[str, str]) -> Hand
     [...]}, "source"}) with ``gil_hold_waiter_exponent``, ``gil_recent_taker_share`` (0 to 1) and
     ``gil_starter_takeover_per_s``, each {"value", "source"}; absent: None."""
     key = "gil_hold_ms"
-    entry = data.get(key)
-    if entry is None:
+    present, value = _field(data, key)
+    if not present:
         return None
-    if not isinstance(entry, dict) or set(entry) != {"value", "source"} \
-            or not isinstance(entry["value"], dict):
+    if not isinstance(value, dict):
         raise ConfigError(f"{path}: {key}: write {{\"value\": {{\"probs\": [...], "
                           f"\"quantiles_ms\": [...]}}, \"source\": \"...\"}}")
-    probs, quantiles = entry["value"].get("probs"), entry["value"].get("quantiles_ms")
+    probs, quantiles = value.get("probs"), value.get("quantiles_ms")
     ok = (isinstance(probs, list) and isinstance(quantiles, list) and len(probs) == len(quantiles)
           and len(probs) >= 2
           and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in probs + quantiles))
@@ -365,7 +370,7 @@ def _handover(path: Path, data: dict, optional, sources: dict[str, str]) -> Hand
             or quantiles[0] < 0 or any(b < a for a, b in zip(quantiles, quantiles[1:])):
         raise ConfigError(f"{path}: {key}: probs must rise from 0 to 1 and quantiles_ms (as many, "
                           ">= 0) must not fall")
-    sources[key] = str(entry["source"])
+    sources[key] = str(data[key]["source"])
     share = optional("gil_recent_taker_share")
     if share > 1:
         raise ConfigError(f"{path}: gil_recent_taker_share: a share, 0 to 1, got {share!r}")

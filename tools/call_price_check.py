@@ -33,16 +33,14 @@ sys.path.insert(0, str(ROOT))
 
 def by_api(calls: list[dict], field: str = "cpu_ms") -> dict[tuple[str, str, bool], list[float]]:
     """Each call's ``field`` in us, grouped by (thread, API, offloaded any pages). ``field``
-    "thread_cpu_ms": the hardware executor's thread CPU time in the call (slim results keep it
-    as a column, full ones under ``cpu_terms_us.thread_cpu``); calls without it are left out."""
+    "thread_cpu_ms": the hardware executor's thread CPU time in the call
+    (:func:`kvsim.calibration.packed.thread_cpu_ms`, slim or full results); calls without it
+    are left out."""
+    from kvsim.calibration.packed import thread_cpu_ms
+
     out: dict[tuple[str, str, bool], list[float]] = defaultdict(list)
     for c in calls:
-        if field == "thread_cpu_ms":
-            ms = c.get("thread_cpu_ms")
-            if ms is None and (c.get("cpu_terms_us") or {}).get("thread_cpu") is not None:
-                ms = c["cpu_terms_us"]["thread_cpu"] * 1e-3
-        else:
-            ms = c[field]
+        ms = thread_cpu_ms(c) if field == "thread_cpu_ms" else c[field]
         if ms is not None:
             out[(c["thread"], c["api"], bool(c.get("offloaded_pages")))].append(ms * 1e3)
     return out

@@ -36,8 +36,9 @@ SLIM_CALL_FIELDS = ("index", "thread", "phase", "api", "mode", "ok", "error", "s
                     "onboarded_pages", "dropped_pages", "thread_cpu_ms")
 
 
-def _thread_cpu_ms(call: dict) -> float | None:
-    """The hardware executor's thread CPU time of the call, in ms (a slim call keeps its own)."""
+def thread_cpu_ms(call: dict) -> float | None:
+    """The hardware executor's thread CPU time of the call, in ms (a slim call keeps its own;
+    None from the simulator)."""
     if "cpu_terms_us" not in call:
         return call.get("thread_cpu_ms")
     us = (call["cpu_terms_us"] or {}).get("thread_cpu")
@@ -50,7 +51,7 @@ def slim_calls(calls: list[dict]) -> list[dict]:
     out = []
     for c in calls:
         row = {k: c.get(k) for k in SLIM_CALL_FIELDS}
-        row["thread_cpu_ms"] = _thread_cpu_ms(c)
+        row["thread_cpu_ms"] = thread_cpu_ms(c)
         out.append({k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
     return out
 

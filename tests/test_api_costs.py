@@ -50,3 +50,33 @@ def test_the_churn_loop_times_every_method_and_evicts_once_the_tier_is_full():
     assert summary["KvCache.resize (evicting)"]["calls"] == 80 - full_after
     with pytest.raises(ValueError):
         api_costs.measure(iterations=0)
+
+
+def test_the_speed_ratio_is_the_median_over_shared_methods_of_the_probes_mean():
+    reference = {"a": 10.0, "b": 20.0, "c": 40.0, "only_here": 1.0}
+    before = {"a": 20.0, "b": 30.0, "c": 40.0, "only_there": 5.0}
+    after = {"a": 20.0, "b": 50.0, "c": 120.0}
+    # means 20, 40, 80 over 10, 20, 40: ratios 2, 2, 2 -> 2; before alone: 2, 1.5, 1 -> 1.5
+    assert api_costs.speed_ratio([before, after], reference) == pytest.approx(2.0)
+    assert api_costs.speed_ratio([before], reference) == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="no method in both"):
+        api_costs.speed_ratio([{"x": 1.0}], reference)
+
+
+def test_reference_medians_read_a_calibration_samples_file_or_a_probe_and_refuse_the_rest():
+    samples = {"api_churn": {"summary": {"KvCache.close": {"calls": 3, "median_us": 30.0,
+                                                           "p90_us": 33.0}}}}
+    assert api_costs.reference_medians(samples, "s.json") == {"KvCache.close": 30.0}
+    assert api_costs.reference_medians({"medians_us": {"x": 2}}, "p.json") == {"x": 2.0}
+    for bad, why in (({"cases": []}, "neither a calibration samples file"),
+                     ({"medians_us": {}}, "none given"),
+                     ({"medians_us": {"x": 0.0, "y": True}}, "x, y")):
+        with pytest.raises(ValueError, match=why):
+            api_costs.reference_medians(bad, "f.json")
+
+
+def test_the_speed_probe_gives_each_methods_median():
+    medians = api_costs.speed_probe(iterations=70, warm_up=0)
+    assert set(medians) == {"KVCacheManager.create_kv_cache", "KvCache.resume", "KvCache.resize",
+                            "KvCache.resize (evicting)", "KvCache.commit", "KvCache.close"}
+    assert all(v > 0 for v in medians.values())

@@ -37,7 +37,8 @@ def _dry_run(out: Path, **env: str) -> subprocess.CompletedProcess:
 def measured(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("concurrency") / "call"
     # one case per chunk, 2 rounds: 4 chunks; a GIL benchmark pair after the 2nd and the 4th
-    proc = _dry_run(out, ROUNDS="2", CHUNK="1", GIL_BENCH_EVERY="2", GIL_PROBES="20")
+    proc = _dry_run(out, ROUNDS="2", CHUNK="1", GIL_BENCH_EVERY="2", GIL_PROBES="20",
+                    SPEED_PROBE="1")
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -238,3 +239,75 @@ def test_measure_refuses_a_second_run_of_the_same_round(measured, capsys):
     rc = cj.main(["measure", str(measured), "--mode", "hw", "--round", "9", "probe_drain.fixed"])
     assert rc == 2
     assert "mode is 'dry-run'" in capsys.readouterr().err
+
+
+# -- --run-speed: each run predicted at its own process speed ------------------------------------
+SHIPPED_FILE = REPO / "kvsim" / "hardware" / "cpu" / f"{cj.SHIPPED_PRESET}.json"
+
+
+def test_the_speed_probe_writes_each_runs_churn_medians_before_and_after_it(measured):
+    for name in CASES:
+        for r in ("r1", "r2"):
+            data = json.loads((measured / "v" / name / r / cj.SPEED_FILE).read_text())
+            for when in ("before", "after"):
+                assert set(data[when]) >= {"KVCacheManager.create_kv_cache", "KvCache.resume",
+                                           "KvCache.resize", "KvCache.commit", "KvCache.close"}
+                assert all(v > 0 for v in data[when].values())
+
+
+def _speeds(measured: Path, reference: dict[str, float], slow: dict[tuple[str, str], float]
+            ) -> None:
+    """Every run's speed.json set to the reference's medians times ``slow[(case, run)]`` (1
+    when not named): before at that factor, after at the same."""
+    for name in CASES:
+        for r in ("r1", "r2"):
+            f = slow.get((name, r), 1.0)
+            probe = {k: v * f for k, v in reference.items()}
+            (measured / "v" / name / r / cj.SPEED_FILE).write_text(
+                json.dumps({"before": probe, "after": probe}))
+
+
+def test_run_speed_predicts_each_run_at_its_own_speed(measured, tmp_path):
+    doctored = tmp_path / "speeds"
+    shutil.copytree(measured, doctored)
+    reference = {"KVCacheManager.create_kv_cache": 50.0, "KvCache.resume": 40.0,
+                 "KvCache.close": 30.0}
+    ref = tmp_path / "reference.json"
+    ref.write_text(json.dumps({"medians_us": reference}))
+    _speeds(doctored, reference, {("probe_starvation.buggy", "r1"): 2.0})
+    rc, plain = _judge(doctored, tmp_path / "plain", str(SHIPPED_FILE))
+    assert rc == 0 and "run_speed" not in plain
+    rc = cj.main([str(doctored), "--cpu-model", str(SHIPPED_FILE), "--out",
+                  str(tmp_path / "fast"), "--quiet", "--run-speed", str(ref)])
+    assert rc == 0
+    fast = json.loads((tmp_path / "fast" / "concurrency-judge.json").read_text())
+    assert fast["run_speed"]["factors"] == {"probe_starvation.buggy": {"r1": 2.0, "r2": 1.0},
+                                            "probe_drain.fixed": {"r1": 1.0, "r2": 1.0}}
+    # at factor 1 (the shipped preset's own host speed) each prediction is the plain judge's
+    for key in ("writer_wait_ms", "probe_p50_ms", "probe_p99_ms"):
+        assert fast["cases"]["probe_drain.fixed"][key] == plain["cases"]["probe_drain.fixed"][key]
+    # the run at factor 2 is predicted slower: its probes' median at about twice the plain one
+    p_plain = plain["cases"]["probe_starvation.buggy"]["probe_p50_ms"]["predicted_per_run"]
+    p_fast = fast["cases"]["probe_starvation.buggy"]["probe_p50_ms"]["predicted_per_run"]
+    assert p_fast[1] == p_plain[1]
+    assert 1.6 < p_fast[0] / p_plain[0] < 2.4
+    md = (tmp_path / "fast" / "concurrency-judge.md").read_text()
+    assert "host_speed_factor 1.000-2.000 over 4 runs" in md
+
+
+def test_run_speed_refuses_a_run_without_its_probe_and_a_bad_reference(measured, tmp_path, capsys):
+    doctored = tmp_path / "no-probe"
+    shutil.copytree(measured, doctored)
+    (doctored / "v" / "probe_drain.fixed" / "r2" / cj.SPEED_FILE).unlink()
+    ref = tmp_path / "reference.json"
+    ref.write_text(json.dumps({"medians_us": {"KvCache.close": 30.0}}))
+    args = ["--cpu-model", str(SHIPPED_FILE), "--quiet", "--run-speed", str(ref)]
+    assert cj.main([str(doctored), *args, "--out", str(tmp_path / "j1")]) == 2
+    err = capsys.readouterr().err
+    assert f"{doctored / 'v' / 'probe_drain.fixed' / 'r2' / cj.SPEED_FILE}: missing" in err
+    ref.write_text(json.dumps({"medians_us": {"KvCache.close": -1.0}}))
+    assert cj.main([str(measured), *args, "--out", str(tmp_path / "j2")]) == 2
+    assert f"{ref}: churn medians must be positive numbers; KvCache.close" in capsys.readouterr().err
+    assert cj.main([str(measured), "--cpu-model", cj.SHIPPED_PRESET, "--quiet", "--run-speed",
+                    str(ref), "--out", str(tmp_path / "j3")]) == 2
+    assert "--run-speed needs a preset JSON file" in capsys.readouterr().err

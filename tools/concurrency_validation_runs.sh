@@ -24,6 +24,8 @@
 #   GIL_BENCH  0: skip the GIL benchmark runs; GIL_BENCH_EVERY=K: a pair after every K-th chunk
 #              only (default 1; at 4000 probes a pair is ~0.3 MB packed, so 16 pairs would not
 #              fit reports/); GIL_PROBES: probes per thread (default: gil_bench_runs.py's);
+#   SPEED_PROBE  set (to anything): each run's process times the churn loop before and after the
+#              run, into the run's speed.json (measure --speed-probe; the judge's --run-speed)
 #   PYTHON     the interpreter (default python3)
 # Writes OUT/manifest.json, OUT/machine.txt, OUT/log.txt, OUT/calib/ (the CPU preset and its
 # samples, packed), OUT/v/CASE/rN/results.json.xz (slim, packed), OUT/runs.jsonl (one line per
@@ -96,7 +98,7 @@ while (( $(date +%s) < runs_until )); do
     # The process ends itself at the hard end (a run still going is cut); timeout is a backstop.
     rc=0
     timeout $(( hard_end - now + 10 )) "${judge[@]}" measure "$out" --mode "$mode" --cpu-model "$cpu" \
-      --round "$round" --until "$runs_until" --hard-end "$hard_end" "${order[@]:i:chunk}" \
+      --round "$round" --until "$runs_until" --hard-end "$hard_end" ${SPEED_PROBE:+--speed-probe} "${order[@]:i:chunk}" \
       2>> "$out/log.txt" || rc=$?
     if (( rc == 2 )); then say "measure refused (exit 2, see log.txt): stopping"; break 2; fi
     if (( rc != 0 )); then

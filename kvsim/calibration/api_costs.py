@@ -112,3 +112,39 @@ def summary(calls: list[ChurnCall]) -> dict:
         by[key].append(c.seconds * 1e6)
     return {k: {"calls": len(v), "median_us": statistics.median(v),
                 "p90_us": float(np.percentile(v, 90))} for k, v in sorted(by.items())}
+
+
+def speed_probe(iterations: int = 300, warm_up: int = 10) -> dict[str, float]:
+    """The churn loop's median microseconds per method (:func:`summary`'s keys): a process's
+    speed, as the calibration's own churn loop measured the calibrating process's."""
+    return {k: v["median_us"] for k, v in summary(measure(iterations, warm_up)).items()}
+
+
+def reference_medians(data: dict, where: str) -> dict[str, float]:
+    """The churn medians of a calibration samples file (its ``api_churn.summary``) or of a
+    :func:`speed_probe` file (``{"medians_us": {...}}``); ``where`` names the file in errors."""
+    summary_ = (data.get("api_churn") or {}).get("summary") if isinstance(data, dict) else None
+    if isinstance(summary_, dict):
+        medians = {k: v.get("median_us") if isinstance(v, dict) else None
+                   for k, v in summary_.items()}
+    elif isinstance(data, dict) and isinstance(data.get("medians_us"), dict):
+        medians = dict(data["medians_us"])
+    else:
+        raise ValueError(f"{where}: neither a calibration samples file with api_churn.summary "
+                         "nor a speed probe with medians_us")
+    bad = [k for k, v in medians.items()
+           if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0]
+    if bad or not medians:
+        raise ValueError(f"{where}: churn medians must be positive numbers; "
+                         f"{', '.join(sorted(bad)) or 'none given'}")
+    return {k: float(v) for k, v in medians.items()}
+
+
+def speed_ratio(probes: list[dict[str, float]], reference: dict[str, float]) -> float:
+    """How much slower (> 1) or faster (< 1) the probed process ran than the reference: the
+    median over the methods both have of (the probes' mean median / the reference's)."""
+    common = sorted(set(reference).intersection(*probes)) if probes else []
+    if not common:
+        raise ValueError("speed_ratio: no method in both the probes and the reference")
+    return statistics.median(statistics.fmean(p[k] for p in probes) / reference[k]
+                             for k in common)

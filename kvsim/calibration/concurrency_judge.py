@@ -58,6 +58,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.calibration import api_costs
 from kvsim.calibration.packed import pack_results, slim_calls
 from kvsim.calibration.validate import _probes, read_results, run_bootstrap
 from kvsim.errors import KvsimError
@@ -259,11 +260,13 @@ def _log(out: Path, line: dict) -> None:
 
 def measure(out: Path, round_no: int, names: list[str], mode: str, cpu_model: str, root: Path,
             until: float | None, hard_end: float | None, run_limit_s: float = RUN_LIMIT_S,
-            say=lambda m: None) -> int:
+            say=lambda m: None, speed_probe: bool = False) -> int:
     """Run each named case once (round ``round_no``) in this process; returns how many ran.
     No run starts at or after ``until`` (Unix time); a run still going ``run_limit_s`` after its
     start is a hang, one still going at ``hard_end`` is cut: either ends this process (exit 3)
-    once its marker and log line are written."""
+    once its marker and log line are written. With ``speed_probe``, the churn loop of
+    :func:`kvsim.calibration.api_costs.speed_probe` runs in this process just before and just
+    after each run, into the run's ``speed.json`` (the judge's ``--run-speed``)."""
     from kvsim.scenario.run import execute, missing_requirement
 
     if not (out / "manifest.json").is_file():
@@ -309,6 +312,7 @@ def measure(out: Path, round_no: int, names: list[str], mode: str, cpu_model: st
             print(f"concurrency_judge measure: {line['case']} r{round_no}: {why}", file=sys.stderr)
             os._exit(3)
 
+        before = api_costs.speed_probe() if speed_probe else None
         watchdog = threading.Timer(limit, fire)
         watchdog.daemon = True
         watchdog.start()
@@ -327,6 +331,8 @@ def measure(out: Path, round_no: int, names: list[str], mode: str, cpu_model: st
             continue
         watchdog.cancel()
         wall = time.perf_counter() - t0
+        if before is not None:
+            _write_speed(run_dir, before, api_costs.speed_probe())
         tmp = run_dir / "results.json.xz.part"
         tmp.write_bytes(pack_results(slim(results)))
         tmp.rename(run_dir / "results.json.xz")
@@ -334,6 +340,32 @@ def measure(out: Path, round_no: int, names: list[str], mode: str, cpu_model: st
         say(f"{case.name} r{round_no}: {wall:.2f} s")
         ran += 1
     return ran
+
+
+SPEED_FILE = "speed.json"
+
+
+def _write_speed(run_dir: Path, before: dict[str, float], after: dict[str, float]) -> None:
+    (run_dir / SPEED_FILE).write_text(json.dumps({
+        "what": "this run's process speed: kvsim.calibration.api_costs.speed_probe() (the "
+                "churn loop, 300 calls of each method after 10 warm-up iterations, median "
+                "microseconds per method) just before and just after the run, in its process",
+        "before": before, "after": after}, indent=1, sort_keys=True) + "\n")
+
+
+def run_speed(run: Run, reference: dict[str, float]) -> float:
+    """``run``'s process speed over the reference's (> 1: slower): its ``speed.json`` probes
+    (before and, for a run that ended, after) by :func:`api_costs.speed_ratio`."""
+    path = run.directory / SPEED_FILE
+    if not path.is_file():
+        raise KvsimError(f"{path}: missing: --run-speed needs every judged run's speed probe "
+                         "(measure --speed-probe)")
+    try:
+        data = json.loads(path.read_text())
+        probes = [data[k] for k in ("before", "after") if isinstance(data.get(k), dict)]
+        return api_costs.speed_ratio(probes, reference)
+    except (json.JSONDecodeError, ValueError, TypeError, ZeroDivisionError) as e:
+        raise KvsimError(f"{path}: not a speed probe: {e}") from None
 
 
 # -- the judge ----------------------------------------------------------------------------------
@@ -475,16 +507,28 @@ def predict_run(base, round_no: int) -> dict:
     return slim(execute(replace(base, sim=replace(base.sim, gil_seed=base.seed + round_no - 1))))
 
 
-def predict_runs(case: Case, rounds: list[int], cpu_model: str, root: Path) -> list[dict]:
-    """The simulator's predictions of ``case``'s runs of ``rounds`` (:func:`predict_run`)."""
-    base = case_scenario(case, "sim", cpu_model, root)
-    return [predict_run(base, r) for r in rounds]
+def predict_runs(case: Case, rounds: list[int], cpu_model: str | list[str], root: Path
+                 ) -> list[dict]:
+    """The simulator's predictions of ``case``'s runs of ``rounds`` (:func:`predict_run`), with
+    one CPU preset, or one per round (``--run-speed``: each run's own host speed)."""
+    presets = [cpu_model] * len(rounds) if isinstance(cpu_model, str) else cpu_model
+    bases: dict[str, object] = {}
+    out = []
+    for r, cpu in zip(rounds, presets, strict=True):
+        if cpu not in bases:
+            bases[cpu] = case_scenario(case, "sim", cpu, root)
+        out.append(predict_run(bases[cpu], r))
+    return out
 
 
-def judge_case(case: Case, runs: list[Run], executor: str, cpu_model: str, root: Path) -> dict:
+def judge_case(case: Case, runs: list[Run], executor: str, cpu_model: str, root: Path,
+               cpu_of=None) -> dict:
+    """One case's figures and verdicts; ``cpu_of(run)``, when given, is the preset for that
+    run's prediction (``--run-speed``), else ``cpu_model`` serves every run."""
     judged = [r for r in runs if r.status in ("ok", "hang")]
     done = [r for r in judged if r.status == "ok"]
-    preds = predict_runs(case, [r.round for r in judged], cpu_model, root)  # one per judged run
+    presets = [cpu_of(r) for r in judged] if cpu_of is not None else cpu_model
+    preds = predict_runs(case, [r.round for r in judged], presets, root)  # one per judged run
     for r, p in zip(judged, preds):
         if r.status == "ok":
             _check_same_case(r, r.results, p, executor)
@@ -556,8 +600,48 @@ def median_of(values: list) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+class RunSpeedPresets:
+    """``--run-speed``: for each run, the CPU preset with ``host_speed_factor`` replaced by the
+    run's own process speed over the calibration's (:func:`run_speed`), written once per
+    distinct factor into ``workdir``. The preset's other terms stay as they are."""
+
+    def __init__(self, preset_file: Path, reference_file: Path, workdir: Path) -> None:
+        try:
+            self.preset = json.loads(preset_file.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise KvsimError(f"--cpu-model {preset_file}: --run-speed needs a preset JSON "
+                             f"file: {e}") from None
+        from kvsim.calibration.packed import read_json
+
+        self.reference_file = reference_file
+        self.reference = api_costs.reference_medians(read_json(reference_file),
+                                                     str(reference_file))
+        self.source = str(preset_file)
+        self.workdir = workdir
+        self.factors: dict[str, dict[str, float]] = {}
+
+    def __call__(self, run: Run) -> str:
+        factor = round(run_speed(run, self.reference), 4)
+        self.factors.setdefault(run.case, {})[f"r{run.round}"] = factor
+        path = self.workdir / f"preset-speed-{factor:.4f}.json"
+        if not path.is_file():
+            data = dict(self.preset)
+            data["host_speed_factor"] = {
+                "value": factor,
+                "source": f"{run.directory / SPEED_FILE}: the run's churn-loop medians over "
+                          f"{self.reference_file}'s (kvsim.calibration.concurrency_judge "
+                          f"--run-speed), in place of {self.source}'s"}
+            path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+        return str(path)
+
+
 def judge(measured: Path, cpu_model: str, root: Path, say=lambda m: None,
-          allow_lost: bool = False) -> dict:
+          allow_lost: bool = False, run_speed_reference: Path | None = None) -> dict:
+    """Every case judged (:func:`judge_case`). With ``run_speed_reference`` (a calibration
+    samples file, or a speed probe file) each run is predicted at its own process speed
+    (:class:`RunSpeedPresets`)."""
+    import tempfile
+
     manifest, runs, lost = load_runs(measured, allow_lost)
     executor = MODES[manifest["mode"]][0]
     digest = source_digest(root)
@@ -568,21 +652,11 @@ def judge(measured: Path, cpu_model: str, root: Path, say=lambda m: None,
     if not preset.holds_gil:
         raise KvsimError(f"--cpu-model {cpu_model}: {preset.name} is not a Python manager's "
                          "preset (holds_gil is false): the judge is like for like")
-    cases: dict[str, dict] = {}
-    for case in CASES:
-        if case.name not in runs:
-            cases[case.name] = {"file": case.file, "variant": case.variant, "runs_judged": [],
-                                "targets": {}, "missing": "no run of this case"}
-            continue
-        t0 = time.perf_counter()
-        cases[case.name] = judge_case(case, runs[case.name], executor, cpu, root)
-        say(f"{case.name}: {len(cases[case.name]['runs_judged'])} runs, "
-            f"{time.perf_counter() - t0:.1f} s")
-    tally = {k: {"met": 0, "missed": 0, "n/a": 0, "no_run": 0} for k in TARGETS}
-    for c in cases.values():
-        for k in TARGETS:
-            tally[k][c["targets"].get(k, "no_run")] += 1
-    return {
+    with tempfile.TemporaryDirectory(prefix="kvsim-run-speed-") as tmp:
+        speeds = (RunSpeedPresets(Path(cpu), run_speed_reference, Path(tmp))
+                  if run_speed_reference is not None else None)
+        result = _judge_cases(runs, executor, cpu, root, say, speeds)
+    result.update({
         "what": "the concurrency model (executor sim, the Python manager's CPU preset) against "
                 "measured runs, case by case (kvsim.calibration.concurrency_judge)",
         "protocol": PROTOCOL, "measured_dir": str(measured), "mode": manifest["mode"],
@@ -591,10 +665,35 @@ def judge(measured: Path, cpu_model: str, root: Path, say=lambda m: None,
                       "host_speed_factor": getattr(preset, "host_speed_factor", None)},
         "source_digest": {"measured": manifest.get("source_digest"), "judge": digest,
                           "same": manifest.get("source_digest") == digest},
-        "target_pct": TARGET_PCT, "definitions": DEFINITIONS, "cases": cases, "tally": tally,
-        "runs_lost": lost,
+        "target_pct": TARGET_PCT, "definitions": DEFINITIONS, "runs_lost": lost,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-    }
+    })
+    if speeds is not None:
+        result["run_speed"] = {"reference": str(run_speed_reference),
+                               "rule": "each run predicted with host_speed_factor = its "
+                                       "speed.json probes' churn medians over the reference's "
+                                       "(median over methods of the before/after mean)",
+                               "factors": speeds.factors}
+    return result
+
+
+def _judge_cases(runs: dict[str, list[Run]], executor: str, cpu: str, root: Path, say,
+                 speeds) -> dict:
+    cases: dict[str, dict] = {}
+    for case in CASES:
+        if case.name not in runs:
+            cases[case.name] = {"file": case.file, "variant": case.variant, "runs_judged": [],
+                                "targets": {}, "missing": "no run of this case"}
+            continue
+        t0 = time.perf_counter()
+        cases[case.name] = judge_case(case, runs[case.name], executor, cpu, root, speeds)
+        say(f"{case.name}: {len(cases[case.name]['runs_judged'])} runs, "
+            f"{time.perf_counter() - t0:.1f} s")
+    tally = {k: {"met": 0, "missed": 0, "n/a": 0, "no_run": 0} for k in TARGETS}
+    for c in cases.values():
+        for k in TARGETS:
+            tally[k][c["targets"].get(k, "no_run")] += 1
+    return {"cases": cases, "tally": tally}
 
 
 def _fmt(v: float | None, digits: int = 3) -> str:
@@ -624,7 +723,14 @@ def markdown(result: dict) -> str:
               f"(`{result['cpu_model']['given']}`); protocol `{result['protocol']}`. Cells: "
               "measured / predicted / error; a target is met within "
               f"{result['target_pct']:g} %, a verdict when equal. Definitions in "
-              "concurrency-judge.json (`definitions`).", "",
+              "concurrency-judge.json (`definitions`).", ""]
+    if "run_speed" in result:
+        factors = [f for c in result["run_speed"]["factors"].values() for f in c.values()]
+        lines += [f"Each run predicted at its own process speed (`--run-speed "
+                  f"{result['run_speed']['reference']}`): host_speed_factor "
+                  f"{min(factors):.3f}-{max(factors):.3f} over {len(factors)} runs, median "
+                  f"{statistics.median(factors):.3f} (`run_speed.factors` in the JSON).", ""]
+    lines += [
               "| case | runs | writer wait ms | probe p50 ms | probe p99 ms | starved (meas/pred) "
               "| deadlock (meas/pred) | targets met |", "|---|---|---|---|---|---|---|---|"]
     for name, c in result["cases"].items():
@@ -670,13 +776,17 @@ def _judge_main(argv: list[str]) -> int:
     p.add_argument("--root", default=None, help="repository root (default: this checkout)")
     p.add_argument("--allow-lost", action="store_true",
                    help="judge the runs that came back when runs.jsonl lists more (listed as lost)")
+    p.add_argument("--run-speed", default=None, metavar="REFERENCE",
+                   help="predict each run at its own process speed: its speed.json (measure "
+                        "--speed-probe) over REFERENCE's churn medians (the calibration's "
+                        "samples file, .json or .json.xz)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
     say = (lambda m: None) if a.quiet else (lambda m: print(f"concurrency_judge: {m}", file=sys.stderr))
     try:
         out = open_output_dir(a.out)
         result = judge(Path(a.measured), a.cpu_model, Path(a.root) if a.root else default_root(),
-                       say, a.allow_lost)
+                       say, a.allow_lost, Path(a.run_speed) if a.run_speed else None)
     except (KvsimError, OSError, ValueError) as e:
         print(f"concurrency_judge: {e}", file=sys.stderr)
         return 2
@@ -721,6 +831,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--until", type=float, default=None, help="no run starts after (Unix s)")
         p.add_argument("--hard-end", type=float, default=None, help="a run still going is cut")
         p.add_argument("--run-limit-s", type=float, default=RUN_LIMIT_S)
+        p.add_argument("--speed-probe", action="store_true",
+                       help="time the churn loop in the run's process before and after each "
+                            "run, into its speed.json (for the judge's --run-speed)")
         p.add_argument("cases", nargs="+")
     a = p.parse_args(argv[1:])
     root = Path(a.root) if a.root else default_root()
@@ -733,7 +846,7 @@ def main(argv: list[str] | None = None) -> int:
             raise KvsimError(f"--round {a.round}: must be >= 1")
         measure(Path(a.out), a.round, a.cases, a.mode, cpu, root, a.until, a.hard_end,
                 a.run_limit_s, lambda m: print(f"[{time.strftime('%H:%M:%S')}] {m}",
-                                               file=sys.stderr))
+                                               file=sys.stderr), a.speed_probe)
     except (KvsimError, OSError, ValueError) as e:
         print(f"concurrency_judge {command}: {e}", file=sys.stderr)
         return 2

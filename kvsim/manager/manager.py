@@ -170,7 +170,12 @@ class KVCacheManager:
         life_cycles = self.layout.life_cycles
         dropping = set(ids.tolist())
         orphans: list[int] = []  # pages of removed blocks, not among the dropped ones
-        nodes = self.tree.nodes
+        tree = self.tree
+        nodes = tree.nodes
+        # An eviction drops the deepest blocks first: most dropped pages are a leaf's. Without an
+        # event sink such a leaf leaves here, flat (as _detach_subtree would take it out).
+        leaves_inline = self.event_sink is None
+        leaves_removed = 0
         for page, lc_index, node_id in zip(ids.tolist(), p.life_cycle[ids].tolist(),
                                            p.node[ids].tolist()):
             node = nodes.get(node_id)
@@ -179,6 +184,12 @@ class KVCacheManager:
             lc = life_cycles[lc_index]
             node.pages[lc_index] = NO_PAGE
             if not lc.is_sliding or node.depth < lc.sink_blocks:
+                if leaves_inline and not node.children:
+                    tree._detach(node)
+                    orphans += [pg for pg in node.pages if pg != NO_PAGE]
+                    node.pages = [NO_PAGE] * len(node.pages)
+                    leaves_removed += 1
+                    continue
                 orphans += self._detach_subtree(node, plan)
                 continue
             removed = self.tree.remove_if_empty(node)
@@ -186,6 +197,7 @@ class KVCacheManager:
             if removed:
                 self._emit({"type": "removed", "scope": node.root.scope, "block": node.depth,
                             "num_nodes": removed}, plan)
+        plan.counts.tree_nodes_removed += leaves_removed
         p.node[ids] = NO_PAGE
         self.storage.changed(ids)
         self._orphan_pages([pg for pg in orphans if pg not in dropping], plan)

@@ -20,12 +20,17 @@ Commands (``python -m kvsim.calibration.concurrency_judge ...``):
   run that does not finish within ``--run-limit-s`` is a hang (``hang.json``: judged as a
   deadlock); one stopped by ``--hard-end`` is cut (``cut.json``), one that raised is failed
   (``failed.json``), one whose process died is marked killed by the script (``killed.json``):
-  listed, not judged. These are what ``tools/concurrency_validation_runs.sh`` calls on the
-  device machine.
+  listed, not judged. With ``--speed-probe`` each run's process also times the churn loop of
+  :func:`kvsim.calibration.api_costs.speed_probe` just before and after the run, into
+  ``speed.json``. These are what ``tools/concurrency_validation_runs.sh`` calls on the device
+  machine.
 * ``MEASURED_DIR --cpu-model PRESET --out DIR`` (the judge): predicts every judged run with the
   simulator (same case, same seed, the GIL hand-over's draws seeded by the run's round, as
   ``kvsim validate`` seeds its k-th prediction) and writes ``DIR/concurrency-judge.json`` and
-  ``DIR/concurrency-judge.md``.
+  ``DIR/concurrency-judge.md``. ``--run-speed REFERENCE`` predicts each run with the preset's
+  ``host_speed_factor`` replaced by the run's ``speed.json`` over REFERENCE's churn medians
+  (:class:`RunSpeedPresets`; call 13 judged that rule and it missed: the preset's factor corrects
+  the CPU fit's price of a probe, which a process-speed ratio leaves out).
 
 The metrics (:data:`DEFINITIONS`), per case, over its judged runs:
 

@@ -311,3 +311,35 @@ def test_run_speed_refuses_a_run_without_its_probe_and_a_bad_reference(measured,
     assert cj.main([str(measured), "--cpu-model", cj.SHIPPED_PRESET, "--quiet", "--run-speed",
                     str(ref), "--out", str(tmp_path / "j3")]) == 2
     assert "--run-speed needs a preset JSON file" in capsys.readouterr().err
+
+
+def test_run_speed_relative_keeps_the_presets_level_and_before_reads_one_probe(measured, tmp_path):
+    """--run-speed-relative: the preset's own factor times each run's speed over the call's
+    median run speed; --run-speed-probes before: the probe after the run is not read."""
+    doctored = tmp_path / "relative"
+    shutil.copytree(measured, doctored)
+    reference = {"KvCache.close": 30.0, "KvCache.resume": 40.0}
+    ref = tmp_path / "reference.json"
+    ref.write_text(json.dumps({"medians_us": reference}))
+    preset = json.loads(SHIPPED_FILE.read_text())
+    preset["host_speed_factor"] = {"value": 0.8, "source": "test"}
+    preset_file = tmp_path / "preset.json"
+    preset_file.write_text(json.dumps(preset))
+    for name in CASES:
+        for r in ("r1", "r2"):
+            before = 3.0 if (name, r) == ("probe_drain.fixed", "r2") else 1.5
+            (doctored / "v" / name / r / cj.SPEED_FILE).write_text(json.dumps({
+                "before": {k: v * before for k, v in reference.items()},
+                "after": {k: v * 10.0 for k, v in reference.items()}}))  # ignored
+    rc = cj.main([str(doctored), "--cpu-model", str(preset_file), "--out", str(tmp_path / "j"),
+                  "--quiet", "--run-speed", str(ref), "--run-speed-relative",
+                  "--run-speed-probes", "before"])
+    assert rc == 0
+    result = json.loads((tmp_path / "j" / "concurrency-judge.json").read_text())
+    # median of 1.5, 1.5, 1.5, 3.0 is 1.5: 0.8 x 1.5 / 1.5 and 0.8 x 3.0 / 1.5
+    assert result["run_speed"]["factors"] == {"probe_starvation.buggy": {"r1": 0.8, "r2": 0.8},
+                                              "probe_drain.fixed": {"r1": 0.8, "r2": 1.6}}
+    assert result["run_speed"]["relative"] is True and result["run_speed"]["probes"] == "before"
+    with pytest.raises(SystemExit):
+        cj.main([str(doctored), "--cpu-model", str(preset_file), "--out", str(tmp_path / "k"),
+                 "--run-speed-relative"])

@@ -358,17 +358,21 @@ def _write_speed(run_dir: Path, before: dict[str, float], after: dict[str, float
         "before": before, "after": after}, indent=1, sort_keys=True) + "\n")
 
 
-def run_speed(run: Run, reference: dict[str, float]) -> float:
+SPEED_PROBES = {"both": ("before", "after"), "before": ("before",)}
+
+
+def run_speed(run: Run, reference: dict[str, float], probes: str = "both") -> float:
     """``run``'s process speed over the reference's (> 1: slower): its ``speed.json`` probes
-    (before and, for a run that ended, after) by :func:`api_costs.speed_ratio`."""
+    (``both``: before and, for a run that ended, after; ``before``: the one before the run) by
+    :func:`api_costs.speed_ratio`."""
     path = run.directory / SPEED_FILE
     if not path.is_file():
         raise KvsimError(f"{path}: missing: --run-speed needs every judged run's speed probe "
                          "(measure --speed-probe)")
     try:
         data = json.loads(path.read_text())
-        probes = [data[k] for k in ("before", "after") if isinstance(data.get(k), dict)]
-        return api_costs.speed_ratio(probes, reference)
+        taken = [data[k] for k in SPEED_PROBES[probes] if isinstance(data.get(k), dict)]
+        return api_costs.speed_ratio(taken, reference)
     except (json.JSONDecodeError, ValueError, TypeError, ZeroDivisionError) as e:
         raise KvsimError(f"{path}: not a speed probe: {e}") from None
 
@@ -608,9 +612,15 @@ def median_of(values: list) -> float | None:
 class RunSpeedPresets:
     """``--run-speed``: for each run, the CPU preset with ``host_speed_factor`` replaced by the
     run's own process speed over the calibration's (:func:`run_speed`), written once per
-    distinct factor into ``workdir``. The preset's other terms stay as they are."""
+    distinct factor into ``workdir``. The preset's other terms stay as they are.
 
-    def __init__(self, preset_file: Path, reference_file: Path, workdir: Path) -> None:
+    ``relative_to`` (``--run-speed-relative``: the call's judged runs): the preset's own factor
+    times the run's speed over the median of those runs' speeds instead, so that the preset's
+    level stays (call 13: that factor corrects the CPU fit's price of a probe, not a speed) and
+    only the runs' spread around the call is added."""
+
+    def __init__(self, preset_file: Path, reference_file: Path, workdir: Path,
+                 relative_to: list[Run] | None = None, probes: str = "both") -> None:
         try:
             self.preset = json.loads(preset_file.read_text())
         except (OSError, json.JSONDecodeError) as e:
@@ -623,10 +633,19 @@ class RunSpeedPresets:
                                                      str(reference_file))
         self.source = str(preset_file)
         self.workdir = workdir
+        self.probes = probes
         self.factors: dict[str, dict[str, float]] = {}
+        self.scale = 1.0  # absolute: the run's ratio is the factor
+        if relative_to is not None:
+            speeds = [run_speed(r, self.reference, probes) for r in relative_to]
+            if not speeds:
+                raise KvsimError("--run-speed-relative: no judged run to take the median of")
+            own = self.preset.get("host_speed_factor", 1.0)
+            own = own.get("value", 1.0) if isinstance(own, dict) else own
+            self.scale = float(own) / statistics.median(speeds)
 
     def __call__(self, run: Run) -> str:
-        factor = round(run_speed(run, self.reference), 4)
+        factor = round(run_speed(run, self.reference, self.probes) * self.scale, 4)
         self.factors.setdefault(run.case, {})[f"r{run.round}"] = factor
         path = self.workdir / f"preset-speed-{factor:.4f}.json"
         if not path.is_file():
@@ -641,10 +660,11 @@ class RunSpeedPresets:
 
 
 def judge(measured: Path, cpu_model: str, root: Path, say=lambda m: None,
-          allow_lost: bool = False, run_speed_reference: Path | None = None) -> dict:
+          allow_lost: bool = False, run_speed_reference: Path | None = None,
+          run_speed_relative: bool = False, run_speed_probes: str = "both") -> dict:
     """Every case judged (:func:`judge_case`). With ``run_speed_reference`` (a calibration
     samples file, or a speed probe file) each run is predicted at its own process speed
-    (:class:`RunSpeedPresets`)."""
+    (:class:`RunSpeedPresets`; ``run_speed_relative`` and ``run_speed_probes`` as there)."""
     import tempfile
 
     manifest, runs, lost = load_runs(measured, allow_lost)
@@ -658,7 +678,10 @@ def judge(measured: Path, cpu_model: str, root: Path, say=lambda m: None,
         raise KvsimError(f"--cpu-model {cpu_model}: {preset.name} is not a Python manager's "
                          "preset (holds_gil is false): the judge is like for like")
     with tempfile.TemporaryDirectory(prefix="kvsim-run-speed-") as tmp:
-        speeds = (RunSpeedPresets(Path(cpu), run_speed_reference, Path(tmp))
+        judged = [r for case_runs in runs.values() for r in case_runs
+                  if r.status in ("ok", "hang")]
+        speeds = (RunSpeedPresets(Path(cpu), run_speed_reference, Path(tmp),
+                                  judged if run_speed_relative else None, run_speed_probes)
                   if run_speed_reference is not None else None)
         result = _judge_cases(runs, executor, cpu, root, say, speeds)
     result.update({
@@ -674,10 +697,14 @@ def judge(measured: Path, cpu_model: str, root: Path, say=lambda m: None,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
     })
     if speeds is not None:
-        result["run_speed"] = {"reference": str(run_speed_reference),
-                               "rule": "each run predicted with host_speed_factor = its "
-                                       "speed.json probes' churn medians over the reference's "
-                                       "(median over methods of the before/after mean)",
+        probes = {"both": "the before/after mean", "before": "the probe before the run"}
+        rule = ("each run predicted with host_speed_factor = its speed.json churn medians over "
+                f"the reference's (median over methods of {probes[run_speed_probes]})")
+        if run_speed_relative:
+            rule += (", times the preset's own factor over the median of that ratio over the "
+                     "call's judged runs")
+        result["run_speed"] = {"reference": str(run_speed_reference), "rule": rule,
+                               "relative": run_speed_relative, "probes": run_speed_probes,
                                "factors": speeds.factors}
     return result
 
@@ -785,13 +812,21 @@ def _judge_main(argv: list[str]) -> int:
                    help="predict each run at its own process speed: its speed.json (measure "
                         "--speed-probe) over REFERENCE's churn medians (the calibration's "
                         "samples file, .json or .json.xz)")
+    p.add_argument("--run-speed-relative", action="store_true",
+                   help="with --run-speed: keep the preset's host_speed_factor as the level and "
+                        "scale it by each run's speed over the call's median run speed")
+    p.add_argument("--run-speed-probes", choices=sorted(SPEED_PROBES), default="both",
+                   help="with --run-speed: the probes a run's speed is taken from (default both)")
     p.add_argument("--quiet", action="store_true")
     a = p.parse_args(argv)
+    if (a.run_speed_relative or a.run_speed_probes != "both") and not a.run_speed:
+        p.error("--run-speed-relative and --run-speed-probes need --run-speed")
     say = (lambda m: None) if a.quiet else (lambda m: print(f"concurrency_judge: {m}", file=sys.stderr))
     try:
         out = open_output_dir(a.out)
         result = judge(Path(a.measured), a.cpu_model, Path(a.root) if a.root else default_root(),
-                       say, a.allow_lost, Path(a.run_speed) if a.run_speed else None)
+                       say, a.allow_lost, Path(a.run_speed) if a.run_speed else None,
+                       a.run_speed_relative, a.run_speed_probes)
     except (KvsimError, OSError, ValueError) as e:
         print(f"concurrency_judge: {e}", file=sys.stderr)
         return 2

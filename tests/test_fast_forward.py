@@ -137,3 +137,36 @@ def test_process_now_takes_only_the_next_event_nobody_waits_on():
         return e.process_now(ev)
 
     assert _inside_a_step(CountingEnvironment(), failed) == [False]
+
+
+def test_succeed_now_only_when_nothing_is_due_at_this_instant():
+    env = CountingEnvironment()
+    assert _inside_a_step(env, lambda e: e.succeed_now()) == [True]  # an empty queue
+    assert env.events_processed == 2  # the step and the event it stands for
+
+    def due_now(e):
+        e.timeout(0)  # due now: an event made now would come after it
+        return e.succeed_now(), e.events_processed
+
+    assert _inside_a_step(env, due_now) == [(False, 3)]
+    env = CountingEnvironment()
+    env.timeout(1.0)  # due later: nothing comes between
+    assert _inside_a_step(env, lambda e: e.succeed_now()) == [True]
+    seen = []
+    event = CountingEnvironment().timeout(0)
+    event.callbacks += [lambda _e: seen.append(event.env.succeed_now()), lambda _e: None]
+    event.env.step()
+    assert seen == [False]  # not the sole callback
+
+
+def test_a_free_gil_is_taken_without_an_event_and_a_held_one_is_refused():
+    from kvsim.sim.gil import Gil
+
+    env = CountingEnvironment()
+    gil = Gil(env)
+    assert gil.is_free()
+    gil.take_free("a")
+    assert gil.owner == "a" and gil.acquisitions == 1 and not gil.is_free()
+    with pytest.raises(RuntimeError, match="not free"):
+        gil.take_free("b")
+    assert gil.owner == "a"

@@ -659,21 +659,12 @@ class KvCache:
                 run.clear()
                 return last
 
-            # The new blocks' keys (a key depends on the tokens alone, not on the tree).
-            new_keys: list[bytes] = known[first:full_blocks]
-            for i in range(len(new_keys), full_blocks - first):
-                key = sha256((new_keys[-1] if new_keys else key)
-                             + raw[i * width:(i + 1) * width]).digest()
-                new_keys.append(key)
-            last_key = new_keys[-1]
-            if not (slow_path or partials or any(map(nodes_by_key.__contains__, new_keys))):
-                # The common case for every block (below, one at a time): one run of new nodes.
-                run += new_keys
-                fresh_rows += range(len(new_keys))
-                new_keys = []
             tail_key = b"" if tail is None else tail.key
-            for i, key in enumerate(new_keys):
-                b = first + i
+            for i, b in enumerate(range(first, full_blocks)):
+                if b < len(known):
+                    key = known[b]
+                else:
+                    key = sha256(key + raw[i * width:(i + 1) * width]).digest()
                 if slow_path or key in nodes_by_key or tail_key in partials:
                     if run:
                         tail = add_run()
@@ -700,7 +691,7 @@ class KvCache:
             c.blocks_hashed += fast
             c.tree_nodes_visited += fast
             c.tree_nodes_created += fast
-            self._tail_key, self._tail_node = last_key, tail
+            self._tail_key, self._tail_node = key, tail
             self._committed_blocks = full_blocks
             if held_aside:
                 self._release_committed_aside(plan)

@@ -10,7 +10,8 @@ is due before it. Two shortcuts give the same run without those trips:
   the clock there directly. The clock gets ``now + delay``, the float a ``Timeout`` would give.
 * :meth:`CountingEnvironment.process_now`: an event already triggered, that nothing else waits
   on and that is first in the queue, is taken off it on the spot (the next step would have
-  processed it and resumed the thread).
+  processed it and resumed the thread); :meth:`CountingEnvironment.succeed_now` tells the same
+  of an event not yet made, so that a grant due at once needs none.
 
 Nothing else runs in between either way, and the events left in the queue keep their order (an
 event id skipped shifts no pair). Only the sole callback of the event being processed may take a shortcut:
@@ -59,6 +60,16 @@ class CountingEnvironment(simpy.Environment):
             return False
         self._now = end
         self.events_processed += events
+        return True
+
+    def succeed_now(self) -> bool:
+        """Whether an event made to succeed now would be first in the queue and taken off it at
+        once by :meth:`process_now`; if so it counts as processed, and the caller does without
+        it (a free GIL granted on the spot)."""
+        queue = self._queue
+        if not (self.shortcuts and self._sole) or (queue and queue[0][0] <= self._now):
+            return False
+        self.events_processed += 1
         return True
 
     def process_now(self, event: simpy.Event) -> bool:

@@ -82,6 +82,18 @@ class Gil:
         if self.handover is not None and self._workers_waiting():
             self._arm_hold()
 
+    def is_free(self) -> bool:
+        """Nobody holds the GIL and nobody waits for it."""
+        return self.owner is None and not self._waiting
+
+    def take_free(self, thread: str) -> None:
+        """Grant the free GIL (:meth:`is_free`) to ``thread`` as :meth:`acquire` would at once,
+        without an event: for a caller that knows the event would have been processed on the
+        spot (``CountingEnvironment.succeed_now``)."""
+        if not self.is_free():
+            raise RuntimeError(f"take_free({thread!r}): the GIL is not free")
+        self._grant(thread)
+
     def acquire(self, thread: str) -> simpy.Event:
         event = self.env.event()
         if self.owner == thread:

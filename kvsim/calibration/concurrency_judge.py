@@ -614,13 +614,16 @@ class RunSpeedPresets:
     run's own process speed over the calibration's (:func:`run_speed`), written once per
     distinct factor into ``workdir``. The preset's other terms stay as they are.
 
-    ``relative_to`` (``--run-speed-relative``: the call's judged runs): the preset's own factor
-    times the run's speed over the median of those runs' speeds instead, so that the preset's
-    level stays (call 13: that factor corrects the CPU fit's price of a probe, not a speed) and
-    only the runs' spread around the call is added."""
+    Every judged run's speed is read once, here, before any prediction (a missing or bad
+    ``speed.json`` stops the judge before its work). ``relative`` (``--run-speed-relative``):
+    the preset's own factor (``own_factor``) times the run's speed over the median of the
+    judged runs' speeds instead, so that the preset's level stays (call 13: that factor corrects
+    the CPU fit's price of a probe, not a speed) and only the runs' spread around the call is
+    added."""
 
     def __init__(self, preset_file: Path, reference_file: Path, workdir: Path,
-                 relative_to: list[Run] | None = None, probes: str = "both") -> None:
+                 judged: list[Run], relative: bool = False, own_factor: float = 1.0,
+                 probes: str = "both") -> None:
         try:
             self.preset = json.loads(preset_file.read_text())
         except (OSError, json.JSONDecodeError) as e:
@@ -629,23 +632,19 @@ class RunSpeedPresets:
         from kvsim.calibration.packed import read_json
 
         self.reference_file = reference_file
-        self.reference = api_costs.reference_medians(read_json(reference_file),
-                                                     str(reference_file))
+        reference = api_costs.reference_medians(read_json(reference_file), str(reference_file))
         self.source = str(preset_file)
         self.workdir = workdir
-        self.probes = probes
+        self.speeds = {(r.case, r.round): run_speed(r, reference, probes) for r in judged}
         self.factors: dict[str, dict[str, float]] = {}
         self.scale = 1.0  # absolute: the run's ratio is the factor
-        if relative_to is not None:
-            speeds = [run_speed(r, self.reference, probes) for r in relative_to]
-            if not speeds:
+        if relative:
+            if not self.speeds:
                 raise KvsimError("--run-speed-relative: no judged run to take the median of")
-            own = self.preset.get("host_speed_factor", 1.0)
-            own = own.get("value", 1.0) if isinstance(own, dict) else own
-            self.scale = float(own) / statistics.median(speeds)
+            self.scale = own_factor / statistics.median(self.speeds.values())
 
     def __call__(self, run: Run) -> str:
-        factor = round(run_speed(run, self.reference, self.probes) * self.scale, 4)
+        factor = round(self.speeds[(run.case, run.round)] * self.scale, 4)
         self.factors.setdefault(run.case, {})[f"r{run.round}"] = factor
         path = self.workdir / f"preset-speed-{factor:.4f}.json"
         if not path.is_file():
@@ -679,9 +678,9 @@ def judge(measured: Path, cpu_model: str, root: Path, say=lambda m: None,
                          "preset (holds_gil is false): the judge is like for like")
     with tempfile.TemporaryDirectory(prefix="kvsim-run-speed-") as tmp:
         judged = [r for case_runs in runs.values() for r in case_runs
-                  if r.status in ("ok", "hang")]
-        speeds = (RunSpeedPresets(Path(cpu), run_speed_reference, Path(tmp),
-                                  judged if run_speed_relative else None, run_speed_probes)
+                  if r.status in ("ok", "hang")]  # as judge_case judges them
+        speeds = (RunSpeedPresets(Path(cpu), run_speed_reference, Path(tmp), judged,
+                                  run_speed_relative, preset.host_speed_factor, run_speed_probes)
                   if run_speed_reference is not None else None)
         result = _judge_cases(runs, executor, cpu, root, say, speeds)
     result.update({

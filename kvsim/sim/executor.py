@@ -434,13 +434,13 @@ class SimExecutor:
 
     def _take_gil(self, thread: str, api: str):
         gil = self.gil
-        if gil.owner == thread:
+        if gil.holds(thread):
             return
         if gil.is_free() and self.env.succeed_now():
             gil.take_free(thread)  # the free GIL, granted as acquire would, without an event
             return
         self._waiting[thread] = ("gil", api)
-        request = self.gil.acquire(thread)
+        request = gil.acquire(thread)
         if not request.triggered:
             self._check_deadlock(thread)
         if not self.env.process_now(request):

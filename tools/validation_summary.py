@@ -41,7 +41,7 @@ CONCURRENCY = Path("concurrency") / "judge" / "concurrency-judge.json"
 CONCURRENCY_CALLS = (("concurrency_first_call", CONCURRENCY),
                      *((f"concurrency_call_{n}",
                         Path("concurrency") / f"judge-{n}" / "concurrency-judge.json")
-                       for n in range(3, 14)))
+                       for n in range(3, 15)))
 
 # What summary.json says about the probe figures' history; each number names its file.
 PROBE_HISTORY = {

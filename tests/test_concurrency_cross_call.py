@@ -14,7 +14,8 @@ def _judge(root, name: str, values: dict[str, tuple], target_pct: float = 25.0) 
     d.mkdir()
     cases = {}
     for case, (ww, p50, p99) in values.items():
-        cases[case] = {m: (None if v is None else {"measured": v, "predicted": 1.0})
+        cases[case] = {m: (None if v is None else {"measured": v, "predicted": 1.0,
+                                                   "measured_per_run": [v * 0.9, v * 1.1]})
                        for m, v in (("writer_wait_ms", ww), ("probe_p50_ms", p50),
                                     ("probe_p99_ms", p99))}
     (d / "concurrency-judge.json").write_text(json.dumps({"cases": cases,
@@ -38,6 +39,9 @@ def test_a_case_whose_calls_span_more_than_the_targets_reach_is_counted(tmp_path
     assert p50["cases"]["x"]["one_prediction_can_meet_all"] is False
     assert p50["cases_judged"] == 1  # y has no probes
     assert m["probe_p99_ms"]["median_span"] == pytest.approx(1.0)
+    # each call's own runs span 1.1 / 0.9 in every case: within reach
+    assert ww["within_call"][a] == {"cases_judged": 2, "median_run_span": pytest.approx(1.222, abs=1e-3),
+                                    "cases_runs_beyond_reach": 0}
 
 
 def test_judges_of_different_cases_or_targets_are_refused(tmp_path, capsys):

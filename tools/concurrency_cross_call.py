@@ -3,9 +3,11 @@
 Reads the ``concurrency-judge.json`` of several concurrency judges (calls measured on different
 hosts with the same cases) and writes, per case and metric (writer wait, probe p50, probe p99),
 the measured value of each call, the largest over the smallest, and whether any one prediction
-could be within the judge's target of every call's value (largest / smallest <= (1 + t) / (1 - t),
-t = the judges' ``target_pct`` / 100). It measures the targets' reach on the lent hosts, not the
-model: a case whose calls span more than that cannot be met on all of them by any prediction.
+could be within the judges' target of every call's value: largest / smallest <= (1 + t) / (1 - t),
+t = the judges' ``target_pct`` / 100. Beside it, per call, the same span between the call's own
+runs of each case (``within_call``), to tell a host that moved between calls from noisy runs.
+It measures the targets' reach on the lent hosts, not the model: a case whose calls span more
+than that cannot be met on all of them by any prediction.
 
     python3 tools/concurrency_cross_call.py JUDGE_DIR JUDGE_DIR [...] --out FILE.json
 """
@@ -23,6 +25,20 @@ METRICS = ("writer_wait_ms", "probe_p50_ms", "probe_p99_ms")
 def _cases(judge: dict) -> dict:
     cases = judge["cases"]
     return cases if isinstance(cases, dict) else {c["case"]: c for c in cases}
+
+
+def _within_call(cases: dict, metric: str, reach: float) -> dict:
+    """The same span between one call's runs of each case (``measured_per_run``)."""
+    spans = []
+    for case in cases.values():
+        value = case[metric]
+        runs = [r for r in (value.get("measured_per_run") or []) if r and r > 0] \
+            if isinstance(value, dict) else []
+        if len(runs) >= 2:
+            spans.append(max(runs) / min(runs))
+    return {"cases_judged": len(spans),
+            "median_run_span": round(statistics.median(spans), 3) if spans else None,
+            "cases_runs_beyond_reach": sum(s > reach for s in spans)}
 
 
 def cross_call(judges: dict[str, dict]) -> dict:
@@ -54,6 +70,8 @@ def cross_call(judges: dict[str, dict]) -> dict:
         spans = [r["span"] for r in rows.values()]
         out["metrics"][metric] = {
             "cases": rows,
+            "within_call": {label: _within_call(cases, metric, reach)
+                            for label, cases in per_case.items()},
             "median_span": round(statistics.median(spans), 3) if spans else None,
             "cases_no_prediction_meets_all": sum(not r["one_prediction_can_meet_all"]
                                                  for r in rows.values()),

@@ -22,11 +22,6 @@ from pathlib import Path
 METRICS = ("writer_wait_ms", "probe_p50_ms", "probe_p99_ms")
 
 
-def _cases(judge: dict) -> dict:
-    cases = judge["cases"]
-    return cases if isinstance(cases, dict) else {c["case"]: c for c in cases}
-
-
 def _within_call(cases: dict, metric: str, reach: float) -> dict:
     """The same span between one call's runs of each case (``measured_per_run``)."""
     spans = []
@@ -49,7 +44,7 @@ def cross_call(judges: dict[str, dict]) -> dict:
         raise ValueError(f"the judges' target_pct differ: {sorted(targets)}")
     target = targets.pop() / 100.0
     reach = (1 + target) / (1 - target)
-    per_case = {label: _cases(j) for label, j in judges.items()}
+    per_case = {label: j["cases"] for label, j in judges.items()}  # the judge writes {name: case}
     names = [set(c) for c in per_case.values()]
     if any(n != names[0] for n in names):
         raise ValueError("the judges do not hold the same cases")

@@ -85,6 +85,16 @@ class SimOptions:
     gil_seed: int = 0  # the random draws of the measured GIL hand-over (the CPU preset's)
 
 
+class _Rest:
+    """What an inline effect handler returns when the effect needs SimPy events: the generator
+    that finishes it (its return value is the effect's result)."""
+
+    __slots__ = ("steps",)
+
+    def __init__(self, steps) -> None:
+        self.steps = steps
+
+
 class SimExecutor:
     def __init__(self, manager: KVCacheManager, hardware: HardwareSpec, cpu: CpuCostModel,
                  options: SimOptions | None = None, disk: DiskSpec | None = None) -> None:
@@ -142,6 +152,14 @@ class SimExecutor:
                      else np.random.default_rng(opt.schedule_seed))
         # the CPU preset's distribution tables' draws, one generator per table (see _draw)
         self._table_rngs: dict[int, np.random.Generator] = {}
+        # Effects that usually end at once (see _drive): done inline, or handed to a generator
+        # for what needs SimPy events. Only where waiters never re-test (a C++ manager) and no
+        # schedule is explored; the timed handlers above do the same in every case.
+        self._at_once: dict[type, object] = {}
+        if not cpu.holds_gil and self._rng is None:
+            self._at_once = {p.Python: self._python_at_once, p.Nudge: lambda e: None,
+                             p.SpendCpu: self._cpu_at_once, p.SubmitCopies: self._submit_at_once,
+                             p.AcquireLock: self._acquire_at_once}
 
     @property
     def progress(self):
@@ -176,19 +194,104 @@ class SimExecutor:
 
     # -- the call pipeline: kvsim.runtime.pipeline's effects, in simulated time ------------------
     def _drive(self, steps):
-        """Run a pipeline generator, performing each effect it yields (SimPy events inside)."""
+        """Run a pipeline generator, performing each effect it yields (SimPy events inside).
+
+        An effect in ``_at_once`` is tried inline first: its handler returns the effect's
+        result, or a :class:`_Rest` whose generator does the rest with events. Same steps in the
+        same order as the timed handler, without a chain of generators per effect (a call makes
+        about ten effects, and most end at once: a free GIL, a delay nothing interrupts)."""
         send = None
-        timed, plain = self._timed, self._plain
+        timed, plain, at_once = self._timed, self._plain, self._at_once
         while True:
             try:
                 effect = steps.send(send)
             except StopIteration:
                 return
-            handler = plain.get(type(effect))
+            kind = type(effect)
+            handler = plain.get(kind)
             if handler is not None:
                 send = handler(effect)
+                continue
+            handler = at_once.get(kind)
+            if handler is not None:
+                send = handler(effect)
+                if type(send) is _Rest:
+                    send = yield from send.steps
             else:
-                send = yield from timed[type(effect)](effect)
+                send = yield from timed[kind](effect)
+
+    # -- effects done inline where they end at once (C++ manager, no exploration) ------------------
+    # Each mirrors its timed handler step for step (the same draws, the same shortcut tests, in
+    # the same order) and hands over to a generator at the first step that needs an event.
+    def _host_delay(self, seconds: float, result=None):
+        """``result`` after ``seconds`` of modelled delay (as :meth:`_wait`): at once, or a
+        :class:`_Rest` that waits for a timeout first."""
+        if seconds:
+            seconds = self._jittered(seconds)
+            if not self.env.fast_forward(seconds):
+                return _Rest(self._timeout_then(seconds, result))
+        return result
+
+    def _timeout_then(self, seconds: float, result):
+        yield self.env.timeout(seconds)
+        return result
+
+    def _gil_at_once(self, thread: str) -> bool:
+        """:meth:`_take_gil`'s shortcuts: whether ``thread`` holds the GIL now without an event."""
+        gil = self.gil
+        if gil.holds(thread):
+            return True
+        if gil.is_free() and self.env.succeed_now():
+            gil.take_free(thread)
+            return True
+        return False
+
+    def _python_at_once(self, e: pipeline.Python):
+        seconds = self.cpu.python_call_us * 0.5e-6
+        seconds -= min(seconds, self._prepaid.pop(e.thread, 0.0))
+        slept = self._slept.pop(e.thread, 0.0)
+        if slept:
+            seconds += self.cpu.after_sleep_s(slept)
+        if not self._gil_at_once(e.thread):
+            return _Rest(self._python(e.thread, seconds, e.api))
+        return self._host_delay(self._stretched(e.thread, seconds))
+
+    def _cpu_at_once(self, e: pipeline.SpendCpu):
+        slow = self.cpu.first_call_factor if e.first_call else 1.0
+        method = Api.named(e.api).plan_api if self.cpu.api_call_us else None
+        seconds = self.cpu.seconds(e.counts, method) * slow * self._spread()
+        return self._host_delay(seconds, (seconds, self.cpu.terms_us(e.counts, method)))
+
+    def _submit_at_once(self, e: pipeline.SubmitCopies):
+        if not e.copies:
+            return [], 0.0
+        return _Rest(self._do_submit(e))
+
+    def _acquire_at_once(self, e: pipeline.AcquireLock):
+        thread = e.thread
+        self._waiting[thread] = ("lock", e.api)
+        try:
+            request = self.lock.acquire(thread, e.mode, e.api, defer_test=False)
+        except LockHazardError as hazard:
+            del self._waiting[thread]
+            return hazard
+        if request.triggered and self.env.process_now(request):
+            del self._waiting[thread]
+            return None
+        return _Rest(self._acquire_wait(thread, request))
+
+    def _acquire_wait(self, thread: str, request):
+        """The rest of :meth:`_do_acquire` for a lock whose waiters do not re-test."""
+        try:
+            if not request.triggered:
+                self._check_deadlock(thread)
+            if not self.env.process_now(request):
+                yield request
+        except LockHazardError as hazard:
+            del self._waiting[thread]
+            return hazard
+        del self._waiting[thread]
+        return None
 
     def _do_python(self, e: pipeline.Python):
         seconds = self.cpu.python_call_us * 0.5e-6

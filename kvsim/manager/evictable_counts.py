@@ -33,10 +33,11 @@ class EvictableCounts:
         self.cell = np.full(pages.capacity, -1, dtype=np.int32)
         self._pending: list[np.ndarray] = []
 
-    def changed(self, ids: np.ndarray | list[int]) -> None:
+    def changed(self, ids: np.ndarray | list[int], copy: bool = True) -> None:
         """Rows whose evictability, level or pool group may have changed (or will, before the
-        next read)."""
-        ids = np.array(ids, dtype=np.int32).ravel()  # a copy: callers may reuse their array
+        next read); ``copy`` False: ``ids`` is a 1-D int32 array nobody writes again."""
+        if copy:
+            ids = np.array(ids, dtype=np.int32).ravel()  # callers may reuse their array
         if ids.size:
             self._pending.append(ids)
 

@@ -60,11 +60,13 @@ class EvictionIndex:
         self.selections = 0  # select() calls
         self.rebuilds = 0  # of which answered by a full scan
 
-    def changed(self, ids: np.ndarray | list[int]) -> None:
-        """Report pages whose evictability, level or eviction key may have changed."""
+    def changed(self, ids: np.ndarray | list[int], copy: bool = True) -> None:
+        """Report pages whose evictability, level or eviction key may have changed (``copy``
+        False: ``ids`` is a 1-D int32 array nobody writes again)."""
         if not self._reservoirs:
             return
-        ids = np.array(ids, dtype=np.int32).ravel()  # a copy: callers may reuse their array
+        if copy:
+            ids = np.array(ids, dtype=np.int32).ravel()  # callers may reuse their array
         if ids.size == 0:
             return
         for where, res in list(self._reservoirs.items()):

@@ -633,7 +633,9 @@ class KvCache:
             fresh_rows: list[int] = []  # block indexes (into this commit) of new nodes
             fresh_nodes: list[int] = []
             # Each block's page per life cycle, in one conversion.
-            page_table = np.stack([t[first:full_blocks] for t in self._pages], axis=1)
+            # (a copy: held-aside pages are written into it below)
+            page_table = (self._pages[0][first:full_blocks, None].copy() if len(self._pages) == 1
+                          else np.stack([t[first:full_blocks] for t in self._pages], axis=1))
             held_aside = any(self._held_stale)
             for lc, held in enumerate(self._held_stale):
                 for b, page in held.items():
@@ -681,12 +683,13 @@ class KvCache:
                 tail = add_run()
             fast = len(fresh_rows)
             if fast:
-                pages = page_table[fresh_rows]
-                nodes = np.broadcast_to(np.array(fresh_nodes, dtype=np.int32)[:, None], pages.shape)
-                has = pages != NO_PAGE
+                node_ids = np.array(fresh_nodes, dtype=np.int32)
+                node_of_page = m.storage.pages.node
                 # Not reported to the eviction index: these pages are the ACTIVE cache's, locked
                 # (pages held aside are reported below, when they are released).
-                m.storage.pages.node[pages[has]] = nodes[has]
+                for pages in page_table[fresh_rows].T:  # one life cycle's pages at a time
+                    has = pages != NO_PAGE
+                    node_of_page[pages[has]] = node_ids[has]
             c = plan.counts  # _commit_block counted its own blocks
             c.blocks_hashed += fast
             c.tree_nodes_visited += fast

@@ -85,8 +85,9 @@ class Storage:
         """Callers report every page whose holders, lockers, node, level or LRU tick they
         change (before the next read), so the eviction index and the evictable counts stay
         exact (see :mod:`kvsim.manager.eviction_index`, :mod:`~kvsim.manager.evictable_counts`)."""
-        self.index.changed(ids)
-        self.counts.changed(ids)
+        ids = np.array(ids, dtype=np.int32).ravel()  # one copy for both: callers may reuse theirs
+        self.index.changed(ids, copy=False)
+        self.counts.changed(ids, copy=False)
 
     def block_stats(self) -> np.ndarray:
         """(levels, pool groups, 3): available, unavailable and evictable blocks per cell."""

@@ -19,6 +19,7 @@ from kvsim.scenario.load import load_scenario_file
 from kvsim.scenario.results import results_json
 from kvsim.scenario.run import execute
 from kvsim.sim.environment import CountingEnvironment
+from kvsim.sim.executor import SimExecutor
 
 
 def _both(scenario) -> tuple[str, str]:
@@ -170,3 +171,27 @@ def test_a_free_gil_is_taken_without_an_event_and_a_held_one_is_refused():
     with pytest.raises(RuntimeError, match="not free"):
         gil.take_free("b")
     assert gil.owner == "a"
+
+
+@pytest.mark.parametrize("file,variant", CPP_CASES + [
+    ("scenarios/concurrency/probe_during_resize.yaml", "writer_preference"),
+    ("scenarios/seed/h100_pcie_burst_resize.yaml", None)])
+def test_inline_effects_change_nothing(file, variant, monkeypatch):
+    """SimExecutor's inline effects (a C++ manager's Python, CPU time, lock and copies done
+    without a generator where they end at once) give the results of its timed handlers, byte
+    for byte; and they are taken."""
+    scenario = load_scenario_file(REPO / file).base if variant is None else _variant(file, variant)
+    taken = []
+    python_at_once = SimExecutor._python_at_once
+
+    def counted(self, e):
+        taken.append(1)
+        return python_at_once(self, e)
+
+    monkeypatch.setattr(SimExecutor, "_python_at_once", counted)
+    inline = results_json(execute(scenario))
+    assert taken
+    monkeypatch.setattr(SimExecutor, "inline_effects", False)
+    taken.clear()
+    assert results_json(execute(scenario)) == inline
+    assert not taken

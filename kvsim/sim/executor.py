@@ -96,6 +96,9 @@ class _Rest:
 
 
 class SimExecutor:
+    # Class-wide switch for the tests that compare runs without the inline effects (_drive).
+    inline_effects = True
+
     def __init__(self, manager: KVCacheManager, hardware: HardwareSpec, cpu: CpuCostModel,
                  options: SimOptions | None = None, disk: DiskSpec | None = None) -> None:
         """``disk``: the drives of the disk level (level 2); None prices its copies as CPU-GPU
@@ -156,7 +159,7 @@ class SimExecutor:
         # for what needs SimPy events. Only where waiters never re-test (a C++ manager) and no
         # schedule is explored; the timed handlers above do the same in every case.
         self._at_once: dict[type, object] = {}
-        if not cpu.holds_gil and self._rng is None:
+        if self.inline_effects and not cpu.holds_gil and self._rng is None:
             self._at_once = {p.Python: self._python_at_once, p.Nudge: lambda e: None,
                              p.SpendCpu: self._cpu_at_once, p.SubmitCopies: self._submit_at_once,
                              p.AcquireLock: self._acquire_at_once}

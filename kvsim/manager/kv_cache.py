@@ -683,11 +683,18 @@ class KvCache:
                 tail = add_run()
             fast = len(fresh_rows)
             if fast:
-                node_ids = np.array(fresh_nodes, dtype=np.int32)
+                # The usual case, one run of new nodes (rows and node ids only grow): a slice
+                # and a range, not a conversion of two lists of ints.
+                if fresh_rows[-1] - fresh_rows[0] + 1 == fast == fresh_nodes[-1] - fresh_nodes[0] + 1:
+                    rows = page_table[fresh_rows[0]:fresh_rows[-1] + 1]
+                    node_ids = np.arange(fresh_nodes[0], fresh_nodes[-1] + 1, dtype=np.int32)
+                else:
+                    rows = page_table[fresh_rows]
+                    node_ids = np.array(fresh_nodes, dtype=np.int32)
                 node_of_page = m.storage.pages.node
                 # Not reported to the eviction index: these pages are the ACTIVE cache's, locked
                 # (pages held aside are reported below, when they are released).
-                for pages in page_table[fresh_rows].T:  # one life cycle's pages at a time
+                for pages in rows.T:  # one life cycle's pages at a time
                     has = pages != NO_PAGE
                     node_of_page[pages[has]] = node_ids[has]
             c = plan.counts  # _commit_block counted its own blocks

@@ -240,7 +240,8 @@ class SimExecutor:
         return result
 
     def _gil_at_once(self, thread: str) -> bool:
-        """:meth:`_take_gil`'s shortcuts: whether ``thread`` holds the GIL now without an event."""
+        """Whether ``thread`` holds the GIL now without an event: it held it already, or the
+        free GIL is granted as acquire would grant it (:meth:`CountingEnvironment.succeed_now`)."""
         gil = self.gil
         if gil.holds(thread):
             return True
@@ -250,19 +251,13 @@ class SimExecutor:
         return False
 
     def _python_at_once(self, e: pipeline.Python):
-        seconds = self.cpu.python_call_us * 0.5e-6
-        seconds -= min(seconds, self._prepaid.pop(e.thread, 0.0))
-        slept = self._slept.pop(e.thread, 0.0)
-        if slept:
-            seconds += self.cpu.after_sleep_s(slept)
+        seconds = self._binding_python_s(e.thread)
         if not self._gil_at_once(e.thread):
             return _Rest(self._python(e.thread, seconds, e.api))
         return self._host_delay(self._stretched(e.thread, seconds))
 
     def _cpu_at_once(self, e: pipeline.SpendCpu):
-        slow = self.cpu.first_call_factor if e.first_call else 1.0
-        method = Api.named(e.api).plan_api if self.cpu.api_call_us else None
-        seconds = self.cpu.seconds(e.counts, method) * slow * self._spread()
+        seconds, method = self._call_cpu_s(e)
         return self._host_delay(seconds, (seconds, self.cpu.terms_us(e.counts, method)))
 
     def _submit_at_once(self, e: pipeline.SubmitCopies):
@@ -271,6 +266,8 @@ class SimExecutor:
         return _Rest(self._do_submit(e))
 
     def _acquire_at_once(self, e: pipeline.AcquireLock):
+        """A lock whose waiters do not re-test (a C++ manager's): granted at once, or a
+        :class:`_Rest` that waits for the grant."""
         thread = e.thread
         self._waiting[thread] = ("lock", e.api)
         try:
@@ -284,7 +281,7 @@ class SimExecutor:
         return _Rest(self._acquire_wait(thread, request))
 
     def _acquire_wait(self, thread: str, request):
-        """The rest of :meth:`_do_acquire` for a lock whose waiters do not re-test."""
+        """The rest of :meth:`_acquire_at_once`: wait for the grant (or the hazard)."""
         try:
             if not request.triggered:
                 self._check_deadlock(thread)
@@ -296,13 +293,18 @@ class SimExecutor:
         del self._waiting[thread]
         return None
 
-    def _do_python(self, e: pipeline.Python):
+    def _binding_python_s(self, thread: str) -> float:
+        """Seconds of half the binding's Python cost on ``thread``, less a lock test already paid
+        (lock_test_us), plus the after-sleep cost of its first Python after a sleep."""
         seconds = self.cpu.python_call_us * 0.5e-6
-        seconds -= min(seconds, self._prepaid.pop(e.thread, 0.0))
-        slept = self._slept.pop(e.thread, 0.0)
+        seconds -= min(seconds, self._prepaid.pop(thread, 0.0))
+        slept = self._slept.pop(thread, 0.0)
         if slept:  # the first Python after a sleep runs cold (CPU preset's after_sleep_us)
             seconds += self.cpu.after_sleep_s(slept)
-        yield from self._python(e.thread, seconds, e.api)
+        return seconds
+
+    def _do_python(self, e: pipeline.Python):
+        yield from self._python(e.thread, self._binding_python_s(e.thread), e.api)
 
     def _do_binding_waits(self, e: pipeline.BindingWaits) -> None:
         if not self.cpu.holds_gil and self.options.gil_release.get(e.api.label, True):
@@ -316,10 +318,13 @@ class SimExecutor:
     def _do_acquire(self, e: pipeline.AcquireLock):
         """The lock in ``e.mode``; a Python manager's waiter re-tests after each release
         (``threading.Condition``), holding the GIL to do so. Returns None or the hazard."""
-        thread, python_manager = e.thread, self.cpu.holds_gil
-        test_s = self.lock_test_s(thread) if self.lock.recheck else 0.0
-        wake_s = self.cpu.lock_wake_us * 1e-6 if self.lock.recheck else 0.0
-        retest_s = self.lock_retest_s()  # (paid only where waiters re-test: self.lock.recheck)
+        if not self.lock.recheck:  # a C++ manager's lock: granted, or waited for once
+            got = self._acquire_at_once(e)
+            return (yield from got.steps) if type(got) is _Rest else got
+        thread = e.thread
+        test_s = self.lock_test_s(thread)
+        wake_s = self.cpu.lock_wake_us * 1e-6
+        retest_s = self.lock_retest_s()
         self._waiting[thread] = ("lock", e.api)
         try:
             # With lock_test_us the first test is deferred: queued now, tested after its cost.
@@ -327,11 +332,10 @@ class SimExecutor:
             woken = False
             while True:
                 if not request.triggered:
-                    if python_manager:  # threading.Condition.wait releases the GIL
-                        self.gil.release_fully(thread)
+                    self.gil.release_fully(thread)  # threading.Condition.wait releases the GIL
                     self._check_deadlock(thread)
                 got = request.value if self.env.process_now(request) else (yield request)
-                if got is not None or not self.lock.recheck:
+                if got is not None:
                     break
                 # Woken by a release (or the deferred first test): run again (after the wake-up,
                 # a Python thread needs the GIL) and re-test, paying the test's host time.
@@ -380,10 +384,15 @@ class SimExecutor:
         if not self.cpu.holds_gil:
             self.gil.release(e.thread)
 
-    def _do_cpu(self, e: pipeline.SpendCpu):
+    def _call_cpu_s(self, e: pipeline.SpendCpu) -> tuple[float, str | None]:
+        """The plan's CPU seconds (first call and spread applied), and the manager method they
+        were priced for (None unless the preset prices methods)."""
         slow = self.cpu.first_call_factor if e.first_call else 1.0
         method = Api.named(e.api).plan_api if self.cpu.api_call_us else None
-        seconds = self.cpu.seconds(e.counts, method) * slow * self._spread()
+        return self.cpu.seconds(e.counts, method) * slow * self._spread(), method
+
+    def _do_cpu(self, e: pipeline.SpendCpu):
+        seconds, method = self._call_cpu_s(e)
         if self.cpu.holds_gil:  # recorded as run (stretched after a sleep)
             seconds = yield from self._python(e.thread, seconds, e.api)
         elif seconds:
@@ -539,14 +548,10 @@ class SimExecutor:
             self.gil.release_fully(thread)
 
     def _take_gil(self, thread: str, api: str):
-        gil = self.gil
-        if gil.holds(thread):
-            return
-        if gil.is_free() and self.env.succeed_now():
-            gil.take_free(thread)  # the free GIL, granted as acquire would, without an event
+        if self._gil_at_once(thread):
             return
         self._waiting[thread] = ("gil", api)
-        request = gil.acquire(thread)
+        request = self.gil.acquire(thread)
         if not request.triggered:
             self._check_deadlock(thread)
         if not self.env.process_now(request):

@@ -530,11 +530,16 @@ def predict_runs(case: Case, rounds: list[int], cpu_model: str | list[str], root
     return out
 
 
+def judged_runs(runs: list[Run]) -> list[Run]:
+    """The runs a case is judged on: those that finished, and hangs (judged as deadlocks)."""
+    return [r for r in runs if r.status in ("ok", "hang")]
+
+
 def judge_case(case: Case, runs: list[Run], executor: str, cpu_model: str, root: Path,
                cpu_of=None) -> dict:
     """One case's figures and verdicts; ``cpu_of(run)``, when given, is the preset for that
     run's prediction (``--run-speed``), else ``cpu_model`` serves every run."""
-    judged = [r for r in runs if r.status in ("ok", "hang")]
+    judged = judged_runs(runs)
     done = [r for r in judged if r.status == "ok"]
     presets = [cpu_of(r) for r in judged] if cpu_of is not None else cpu_model
     preds = predict_runs(case, [r.round for r in judged], presets, root)  # one per judged run
@@ -677,8 +682,7 @@ def judge(measured: Path, cpu_model: str, root: Path, say=lambda m: None,
         raise KvsimError(f"--cpu-model {cpu_model}: {preset.name} is not a Python manager's "
                          "preset (holds_gil is false): the judge is like for like")
     with tempfile.TemporaryDirectory(prefix="kvsim-run-speed-") as tmp:
-        judged = [r for case_runs in runs.values() for r in case_runs
-                  if r.status in ("ok", "hang")]  # as judge_case judges them
+        judged = [r for case_runs in runs.values() for r in judged_runs(case_runs)]
         speeds = (RunSpeedPresets(Path(cpu), run_speed_reference, Path(tmp), judged,
                                   run_speed_relative, preset.host_speed_factor, run_speed_probes)
                   if run_speed_reference is not None else None)

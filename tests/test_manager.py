@@ -509,6 +509,36 @@ def test_event_sink_sees_stored_blocks():
     assert committed.plan.counts.events_emitted == 2
 
 
+def test_a_raising_sink_puts_back_a_tree_deeper_than_pythons_stack():
+    # The snapshot taken for the sink deep-copied the tree with copy.deepcopy, whose recursion
+    # follows a chain one level per block: every mutating call failed with RecursionError once
+    # a prompt of a few hundred blocks was committed.
+    raising = []
+
+    def sink(event: dict) -> None:
+        if raising:
+            raise RuntimeError("sink down")
+
+    blocks = 3 * 1000  # three times the default recursion limit
+    mgr = KVCacheManager(small_config(gpu_pages=blocks + 8), event_sink=sink)
+    c = active(mgr, capacity=4 * blocks)
+    c.commit(tokens(0, 4 * blocks))
+    check_invariants(mgr)
+    before = fingerprint(mgr)
+    raising.append(True)
+    c.resize(4 * blocks + 4)  # no event: the sink is not called
+    grown = fingerprint(mgr)
+    assert grown != before
+    with pytest.raises(RuntimeError, match="sink down"):
+        c.commit(tokens(4 * blocks, 4))  # one stored block: an event, the sink raises
+    assert fingerprint(mgr) == grown
+    check_invariants(mgr)
+    assert mgr.probe_reuse(tokens(0, 4 * blocks)) == 4 * blocks
+    raising.clear()
+    c.commit(tokens(4 * blocks, 4))
+    assert mgr.probe_reuse(tokens(0, 4 * blocks + 4)) == 4 * blocks + 4
+
+
 def test_bad_priority_callback_value_is_rejected_and_changes_nothing(mgr):
     cache = active(mgr, priority_callback=lambda block, lc: 101)
     before = fingerprint(mgr)

@@ -422,7 +422,8 @@ class _Snapshot:
     A deep copy of everything the manager owns (page table, slot allocators, eviction index,
     radix tree, statistics, counters) and of each open cache's fields; the caches themselves,
     the configuration and the sink are shared, so handles the caller holds stay valid, and so
-    are what never changes in place (the tree's block tokens and key chains).
+    are what never changes in place (the tree's block tokens and key chains: see
+    :meth:`RadixTree.__deepcopy__ <kvsim.manager.radix_tree.RadixTree.__deepcopy__>`).
     """
 
     def __init__(self, manager: KVCacheManager) -> None:
@@ -431,13 +432,9 @@ class _Snapshot:
         memo = {id(manager): manager, id(manager.config): manager.config,
                 id(manager.layout): manager.layout, id(manager.event_sink): manager.event_sink}
         memo.update({id(c): c for _, c in self.caches})
-        # Not copied: the tree's block tokens (never written after a node is made) and its key
-        # chains (a cache of pure functions of tokens), shared; its remembered walks name this
-        # tree's nodes, so the copy starts with none.
-        tree = manager.tree
-        memo.update({id(n.tokens): n.tokens for n in tree.nodes.values()})
-        memo[id(tree.chains)] = tree.chains
-        memo[id(tree._walks)] = {}
+        # The tree first (RadixTree.__deepcopy__: without recursion, its tokens shared), so
+        # that whatever else names a node names its copy.
+        copy.deepcopy(manager.tree, memo)
         owned = {k: v for k, v in vars(manager).items() if k not in _SHARED_FIELDS}
         fields = [{k: v for k, v in vars(c).items() if k != "_manager"} for _, c in self.caches]
         self.owned, self.fields = copy.deepcopy((owned, fields), memo)

@@ -7,6 +7,7 @@ source; each package may import only itself and the packages on lower floors of 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,9 @@ def package_of(module: str) -> str | None:
     return parts[1] if len(parts) > 1 else "kvsim"
 
 
-def imports(repo: Path = REPO) -> list[tuple[str, str, str, int]]:
+# Parsed once per repository: every module's parse takes ~1 s, and seven tests read this one.
+@functools.cache
+def imports(repo: Path = REPO) -> tuple[tuple[str, str, str, int], ...]:
     """(importing package, imported package, file, line) for every kvsim/hw import."""
     out = []
     for root in ("kvsim", "hw"):
@@ -66,7 +69,7 @@ def imports(repo: Path = REPO) -> list[tuple[str, str, str, int]]:
                     dst = package_of(name)
                     if dst is not None and dst not in (src, "kvsim"):
                         out.append((src, dst, str(rel), node.lineno))
-    return out
+    return tuple(out)
 
 
 def test_every_package_has_a_floor():

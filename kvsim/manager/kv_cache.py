@@ -624,7 +624,7 @@ class KvCache:
         first, full_blocks = self._committed_blocks, self._tokens.size // tpb
         if full_blocks > first:
             # One conversion (a fresh array) for all new blocks; each key then hashes a slice of
-            # one buffer, and new nodes keep views of it.
+            # its bytes, and each new node keeps one.
             blocks = self._tokens[first * tpb:full_blocks * tpb].astype("<u4").reshape(-1, tpb)
             raw = blocks.tobytes()
             width = tpb * 4
@@ -655,7 +655,7 @@ class KvCache:
             def add_run() -> Node | None:
                 start = len(fresh_rows) - len(run)
                 rows = fresh_rows[start:]
-                last = m.tree.add_chain(root, tail, run, blocks[rows[0]:rows[-1] + 1],
+                last = m.tree.add_chain(root, tail, run, raw, rows[0],
                                         page_rows[rows[0]:rows[-1] + 1])
                 fresh_nodes.extend(range(last.node_id - len(run) + 1, last.node_id + 1))
                 run.clear()

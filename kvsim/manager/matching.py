@@ -77,7 +77,7 @@ def match_prefix(tree: RadixTree, layout: StorageLayout, partial_reuse: bool, ba
     blocks = list(nodes)
     last = 0
     if blocks:
-        last = int(blocks[-1].tokens.size) if blocks[-1].is_partial else tpb
+        last = blocks[-1].num_tokens if blocks[-1].is_partial else tpb
     visited = len(blocks)
     if partial_reuse and missed and (not nodes or not nodes[-1].is_partial):
         child, n = tree.best_partial_child(scope, nodes[-1] if nodes else None,

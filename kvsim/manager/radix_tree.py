@@ -50,34 +50,37 @@ def _raw(tokens: np.ndarray) -> bytes:
 
 
 class Node:
-    """One committed block: its key, tokens, and the page of each life cycle (or -1)."""
+    """One committed block: its key, its tokens, and the page of each life cycle (or -1).
 
-    __slots__ = ("node_id", "key", "root", "parent", "depth", "tokens", "pages", "children", "_raw")
+    The tokens are kept as their little-endian uint32 bytes (``raw``, as keys hash them): a
+    slice of the commit's one buffer costs less than a numpy view per block, prefix tests
+    between siblings are one ``bytes.startswith``, and :attr:`tokens` reads them as an array
+    when partial matching needs one (read-only: a block's tokens never change)."""
+
+    __slots__ = ("node_id", "key", "root", "parent", "depth", "raw", "pages", "children")
 
     def __init__(self, node_id: int, key: bytes, root: Root, parent: Node | None, depth: int,
-                 tokens: np.ndarray, pages: list[int]) -> None:
+                 raw: bytes, pages: list[int]) -> None:
         self.node_id = node_id
         self.key = key
         self.root = root
         self.parent = parent
         self.depth = depth  # block ordinal
-        self.tokens = tokens  # tokens_per_block of them, or fewer for a partial block
+        self.raw = raw  # tokens_per_block tokens, or fewer for a partial block
         self.pages = pages
         self.children: dict[bytes, Node] = {}
-        self._raw: bytes | None = None
 
     @property
-    def raw(self) -> bytes:
-        """The tokens as little-endian uint32 bytes (as keys hash them), made once: prefix tests
-        between siblings are then one ``bytes.startswith``."""
-        raw = self._raw
-        if raw is None:
-            raw = self._raw = _raw(self.tokens)
-        return raw
+    def tokens(self) -> np.ndarray:
+        return np.frombuffer(self.raw, dtype="<u4")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.raw) >> 2
 
     @property
     def is_partial(self) -> bool:
-        return self.tokens.size < self.root.tokens_per_block
+        return len(self.raw) < 4 * self.root.tokens_per_block
 
     def has_pages(self) -> bool:
         return any(p != NO_PAGE for p in self.pages)
@@ -213,7 +216,7 @@ class RadixTree:
         """Partial children of ``parent`` that a new block of ``tokens`` replaces."""
         raw = _raw(tokens)
         return [child for child in root.partials.get(_parent_key(parent), ())
-                if child.tokens.size < tokens.size and raw.startswith(child.raw)]
+                if len(child.raw) < len(raw) and raw.startswith(child.raw)]
 
     def has_partial_children(self, root: Root, parent: Node | None) -> bool:
         return _parent_key(parent) in root.partials
@@ -225,8 +228,8 @@ class RadixTree:
         Made node by node, parents first, without recursion: ``copy.deepcopy``'s own recursion
         follows a chain of blocks one level per block and exceeds Python's stack at a few
         hundred blocks (a 5,000-token prompt at 32 tokens per block). Shared with the original:
-        the nodes' tokens (never written after a node is made) and the key chains (a cache of
-        pure functions of tokens); the copy remembers no walks (they name this tree's nodes).
+        the key chains (a cache of pure functions of tokens); the copy remembers no walks (they
+        name this tree's nodes).
         """
         clone = RadixTree.__new__(RadixTree)
         memo[id(self)] = clone
@@ -247,7 +250,7 @@ class RadixTree:
             node.node_id, node.key, node.depth = old.node_id, old.key, old.depth
             node.root = memo[id(old.root)]
             node.parent = None if old.parent is None else memo[id(old.parent)]
-            node.tokens, node.pages, node._raw = old.tokens, list(old.pages), old._raw
+            node.raw, node.pages = old.raw, list(old.pages)
             nodes[node_id] = memo[id(old)] = node
         for old, node in zip(self.nodes.values(), nodes.values()):
             node.children = {key: memo[id(child)] for key, child in old.children.items()}
@@ -267,12 +270,9 @@ class RadixTree:
         return root
 
     def add_node(self, root: Root, parent: Node | None, key: bytes, tokens: np.ndarray,
-                 pages: list[int], copy_tokens: bool = True) -> Node:
-        """A new node; ``copy_tokens=False`` when the caller hands over a buffer nobody else
-        writes (the node then keeps a view of it)."""
+                 pages: list[int]) -> Node:
         depth = 0 if parent is None else parent.depth + 1
-        node = Node(self._next_node_id, key, root, parent, depth,
-                    tokens.copy() if copy_tokens else tokens, pages)
+        node = Node(self._next_node_id, key, root, parent, depth, _raw(tokens), pages)
         self._next_node_id += 1
         self.version += 1
         root.nodes_by_key[key] = node
@@ -282,19 +282,23 @@ class RadixTree:
         self.nodes[node.node_id] = node
         return node
 
-    def add_chain(self, root: Root, parent: Node | None, keys: list[bytes],
-                  blocks: np.ndarray, pages: list[list[int]]) -> Node:
+    def add_chain(self, root: Root, parent: Node | None, keys: list[bytes], raw: bytes,
+                  first: int, pages: list[list[int]]) -> Node:
         """New full-block nodes, each the child of the one before (the first of ``parent``):
         :meth:`add_node` for a run of blocks, flat because a long prompt's commit makes
-        thousands. The nodes keep views of ``blocks`` (one row each). Returns the last."""
+        thousands. Node ``i`` takes block ``first + i`` of ``raw`` (whole blocks of tokens as
+        little-endian uint32 bytes) and ``pages[i]``. Returns the last."""
         nodes_by_key, nodes = root.nodes_by_key, self.nodes
         node_id = self._next_node_id
         depth = -1 if parent is None else parent.depth
         siblings = root.children if parent is None else parent.children
         node = parent
+        width = 4 * self.tokens_per_block
+        start = first * width
         for i, key in enumerate(keys):
             depth += 1
-            node = Node(node_id, key, root, node, depth, blocks[i], pages[i])
+            node = Node(node_id, key, root, node, depth, raw[start:start + width], pages[i])
+            start += width
             nodes_by_key[key] = node
             siblings[key] = node
             siblings = node.children
@@ -310,7 +314,7 @@ class RadixTree:
         self.version += 1
         siblings = root.children if node.parent is None else node.parent.children
         del siblings[node.key]
-        if node.tokens.size < self.tokens_per_block:
+        if node.is_partial:
             parent_key = _parent_key(node.parent)
             partials = root.partials[parent_key]
             partials.remove(node)

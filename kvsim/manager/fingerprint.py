@@ -28,7 +28,7 @@ def state_of(mgr: KVCacheManager) -> dict:
         "roots": {repr(scope): sorted((n.node_id, n.key) for n in root.nodes_by_key.values())
                   for scope, root in tree.roots.items()},
         "nodes": {nid: (n.key, None if n.parent is None else n.parent.node_id, n.depth,
-                        n.raw, tuple(n.pages), sorted(n.children))
+                        n.raw, tuple(n.pages), sorted(c.key for c in n.child_nodes()))
                   for nid, n in tree.nodes.items()},
         "pending_root_erasures": [repr(s) for s in tree.pending_root_erasures],
         "next_node_id": tree._next_node_id,

@@ -180,7 +180,7 @@ def _check_tree(mgr: KVCacheManager, out: list[str]) -> None:
                 out.append(f"node {node_id}: a top-level node at depth {node.depth} or not a root child")
         elif tree.nodes.get(parent.node_id) is not parent:
             out.append(f"node {node_id}: parent {parent.node_id} was removed")
-        elif parent.depth + 1 != node.depth or parent.children.get(node.key) is not node:
+        elif parent.depth + 1 != node.depth or parent.child(node.key) is not node:
             out.append(f"node {node_id}: depth {node.depth} under parent of depth {parent.depth}, "
                        "or not among its parent's children")
         if i in bad_rows:

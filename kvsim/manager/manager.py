@@ -184,7 +184,7 @@ class KVCacheManager:
             lc = life_cycles[lc_index]
             node.pages[lc_index] = NO_PAGE
             if not lc.is_sliding or node.depth < lc.sink_blocks:
-                if leaves_inline and not node.children:
+                if leaves_inline and not node.has_children:
                     tree._detach(node)
                     orphans += [pg for pg in node.pages if pg != NO_PAGE]
                     node.pages = [NO_PAGE] * len(node.pages)

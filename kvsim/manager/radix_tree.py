@@ -17,7 +17,7 @@ because draining mutates the root map and a probe runs under a shared lock.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Hashable
+from collections.abc import Hashable, ValuesView
 from typing import NamedTuple
 
 import numpy as np
@@ -55,9 +55,13 @@ class Node:
     The tokens are kept as their little-endian uint32 bytes (``raw``, as keys hash them): a
     slice of the commit's one buffer costs less than a numpy view per block, prefix tests
     between siblings are one ``bytes.startswith``, and :attr:`tokens` reads them as an array
-    when partial matching needs one (read-only: a block's tokens never change)."""
+    when partial matching needs one (read-only: a block's tokens never change).
 
-    __slots__ = ("node_id", "key", "root", "parent", "depth", "raw", "pages", "children")
+    The children are kept in ``kids``: None, the one child itself, or a dict of two or more by
+    key (in the order they were added). Most blocks are a link of a chain, with one child: a
+    dict of one would be 240 bytes of a node's ~840 (``sys.getsizeof``, CPython 3.11)."""
+
+    __slots__ = ("node_id", "key", "root", "parent", "depth", "raw", "pages", "kids")
 
     def __init__(self, node_id: int, key: bytes, root: Root, parent: Node | None, depth: int,
                  raw: bytes, pages: list[int]) -> None:
@@ -68,7 +72,43 @@ class Node:
         self.depth = depth  # block ordinal
         self.raw = raw  # tokens_per_block tokens, or fewer for a partial block
         self.pages = pages
-        self.children: dict[bytes, Node] = {}
+        self.kids: Node | dict[bytes, Node] | None = None
+
+    def child(self, key: bytes) -> Node | None:
+        kids = self.kids
+        if kids is None or type(kids) is Node:
+            return kids if kids is not None and kids.key == key else None
+        return kids.get(key)
+
+    def child_nodes(self) -> tuple[Node, ...] | ValuesView[Node]:
+        """The children, in the order they were added."""
+        kids = self.kids
+        if kids is None:
+            return ()
+        return (kids,) if type(kids) is Node else kids.values()
+
+    @property
+    def has_children(self) -> bool:
+        kids = self.kids
+        return kids is not None and (type(kids) is Node or bool(kids))
+
+    def add_child(self, node: Node) -> None:
+        kids = self.kids
+        if kids is None:
+            self.kids = node
+        elif type(kids) is Node:
+            self.kids = {kids.key: kids, node.key: node}
+        else:
+            kids[node.key] = node
+
+    def remove_child(self, key: bytes) -> None:
+        kids = self.kids
+        if type(kids) is Node:
+            if kids.key != key:
+                raise KeyError(key)
+            self.kids = None
+        else:
+            del kids[key]  # (a dict left with one child stays a dict: same order, same answers)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -191,13 +231,13 @@ class RadixTree:
         root = self.roots.get(scope)
         if root is None or remaining.size == 0:
             return None, 0
-        children = root.children if parent is None else parent.children
+        children = root.children.values() if parent is None else parent.child_nodes()
         if len(children) >= MAX_PARTIAL_MATCH_CHILDREN:
             return None, 0
         chunk = remaining[:self.tokens_per_block]
         best: Node | None = None
         best_len = 0
-        for child in children.values():
+        for child in children:
             common = _common_prefix(child.tokens, chunk)
             if common > best_len:
                 best, best_len = child, common
@@ -207,7 +247,7 @@ class RadixTree:
         """A child of ``parent`` whose tokens start with ``tokens`` (which then adds nothing).
         Every child is looked at: this runs once per partial tail committed."""
         raw = _raw(tokens)
-        for child in (root.children if parent is None else parent.children).values():
+        for child in (root.children.values() if parent is None else parent.child_nodes()):
             if child.raw.startswith(raw):
                 return child
         return None
@@ -253,7 +293,9 @@ class RadixTree:
             node.raw, node.pages = old.raw, list(old.pages)
             nodes[node_id] = memo[id(old)] = node
         for old, node in zip(self.nodes.values(), nodes.values()):
-            node.children = {key: memo[id(child)] for key, child in old.children.items()}
+            kids = old.kids
+            node.kids = None if kids is None else memo[id(kids)] if type(kids) is Node else \
+                {key: memo[id(child)] for key, child in kids.items()}
         for old, root in zip(self.roots.values(), roots.values()):
             root.nodes_by_key = {key: memo[id(n)] for key, n in old.nodes_by_key.items()}
             root.children = {key: memo[id(n)] for key, n in old.children.items()}
@@ -276,7 +318,10 @@ class RadixTree:
         self._next_node_id += 1
         self.version += 1
         root.nodes_by_key[key] = node
-        (root.children if parent is None else parent.children)[key] = node
+        if parent is None:
+            root.children[key] = node
+        else:
+            parent.add_child(node)
         if tokens.size < self.tokens_per_block:
             root.partials.setdefault(_parent_key(parent), []).append(node)
         self.nodes[node.node_id] = node
@@ -291,20 +336,24 @@ class RadixTree:
         nodes_by_key, nodes = root.nodes_by_key, self.nodes
         node_id = self._next_node_id
         depth = -1 if parent is None else parent.depth
-        siblings = root.children if parent is None else parent.children
-        node = parent
         width = 4 * self.tokens_per_block
         start = first * width
-        for i, key in enumerate(keys):
+        node = top = Node(node_id, keys[0], root, parent, depth + 1, raw[start:start + width],
+                          pages[0])
+        nodes_by_key[keys[0]] = nodes[node_id] = node
+        for i in range(1, len(keys)):  # each new node the only child of the one before
+            key = keys[i]
             depth += 1
-            node = Node(node_id, key, root, node, depth, raw[start:start + width], pages[i])
-            start += width
-            nodes_by_key[key] = node
-            siblings[key] = node
-            siblings = node.children
-            nodes[node_id] = node
             node_id += 1
-        self._next_node_id = node_id
+            start += width
+            node.kids = node = Node(node_id, key, root, node, depth + 1, raw[start:start + width],
+                                    pages[i])
+            nodes_by_key[key] = nodes[node_id] = node
+        if parent is None:
+            root.children[top.key] = top
+        else:
+            parent.add_child(top)
+        self._next_node_id = node_id + 1
         self.version += 1
         return node  # type: ignore[return-value]
 
@@ -312,8 +361,10 @@ class RadixTree:
         root = node.root
         del root.nodes_by_key[node.key]
         self.version += 1
-        siblings = root.children if node.parent is None else node.parent.children
-        del siblings[node.key]
+        if node.parent is None:
+            del root.children[node.key]
+        else:
+            node.parent.remove_child(node.key)
         if node.is_partial:
             parent_key = _parent_key(node.parent)
             partials = root.partials[parent_key]
@@ -327,7 +378,7 @@ class RadixTree:
     def remove_subtree(self, node: Node) -> list[Node]:
         """Detach ``node`` and every node below it; returns them, deepest first. The caller
         takes their pages out of the tree."""
-        if not node.children:  # the common case: eviction drops the deepest blocks first
+        if not node.has_children:  # the common case: eviction drops the deepest blocks first
             self._detach(node)
             return [node]
         out: list[Node] = []
@@ -335,7 +386,7 @@ class RadixTree:
         while stack:  # pre-order, reversed below: children before their parents
             current = stack.pop()
             out.append(current)
-            stack.extend(current.children.values())
+            stack.extend(current.child_nodes())
         out.reverse()
         for n in out:
             self._detach(n)
@@ -348,7 +399,7 @@ class RadixTree:
         """
         removed = 0
         current: Node | None = node
-        while current is not None and not current.children and not current.has_pages():
+        while current is not None and not current.has_children and not current.has_pages():
             self._detach(current)
             removed += 1
             current = current.parent

@@ -176,7 +176,7 @@ def _check_tree(mgr: KVCacheManager, out: list[str]) -> None:
         # every chain reaches a root.
         parent = node.parent
         if parent is None:
-            if node.depth != 0 or root.children.get(node.key) is not node:
+            if node.depth != 0 or root.child(node.key) is not node:
                 out.append(f"node {node_id}: a top-level node at depth {node.depth} or not a root child")
         elif tree.nodes.get(parent.node_id) is not parent:
             out.append(f"node {node_id}: parent {parent.node_id} was removed")

@@ -57,9 +57,10 @@ class Node:
     between siblings are one ``bytes.startswith``, and :attr:`tokens` reads them as an array
     when partial matching needs one (read-only: a block's tokens never change).
 
-    The children are kept in ``kids``: None, the one child itself, or a dict of two or more by
-    key (in the order they were added). Most blocks are a link of a chain, with one child: a
-    dict of one would be 240 bytes of a node's ~840 (``sys.getsizeof``, CPython 3.11)."""
+    The children are kept in ``kids``: None, the one child itself, or a dict by key made at the
+    second child (in the order they were added). Most blocks are a link of a chain, with one
+    child: a dict of one would be 240 bytes of a node's ~840 (``sys.getsizeof``, CPython 3.11).
+    :class:`Root` has the same child methods over its top-level blocks."""
 
     __slots__ = ("node_id", "key", "root", "parent", "depth", "raw", "pages", "kids")
 
@@ -76,9 +77,9 @@ class Node:
 
     def child(self, key: bytes) -> Node | None:
         kids = self.kids
-        if kids is None or type(kids) is Node:
-            return kids if kids is not None and kids.key == key else None
-        return kids.get(key)
+        if type(kids) is dict:
+            return kids.get(key)
+        return kids if kids is not None and kids.key == key else None
 
     def child_nodes(self) -> tuple[Node, ...] | ValuesView[Node]:
         """The children, in the order they were added."""
@@ -89,8 +90,7 @@ class Node:
 
     @property
     def has_children(self) -> bool:
-        kids = self.kids
-        return kids is not None and (type(kids) is Node or bool(kids))
+        return self.kids is not None
 
     def add_child(self, node: Node) -> None:
         kids = self.kids
@@ -109,6 +109,8 @@ class Node:
             self.kids = None
         else:
             del kids[key]  # (a dict left with one child stays a dict: same order, same answers)
+            if not kids:
+                self.kids = None
 
     @property
     def tokens(self) -> np.ndarray:
@@ -137,6 +139,19 @@ class Root:
         # parent's key (b"" at the top) -> its partial children: the sibling rules look them up
         # without scanning every child of a busy parent
         self.partials: dict[bytes, list[Node]] = {}
+
+    # The child API of Node, over the top-level blocks: a parent is either.
+    def child(self, key: bytes) -> Node | None:
+        return self.children.get(key)
+
+    def child_nodes(self) -> ValuesView[Node]:
+        return self.children.values()
+
+    def add_child(self, node: Node) -> None:
+        self.children[node.key] = node
+
+    def remove_child(self, key: bytes) -> None:
+        del self.children[key]
 
 
 def _parent_key(parent: Node | None) -> bytes:
@@ -231,7 +246,7 @@ class RadixTree:
         root = self.roots.get(scope)
         if root is None or remaining.size == 0:
             return None, 0
-        children = root.children.values() if parent is None else parent.child_nodes()
+        children = (root if parent is None else parent).child_nodes()
         if len(children) >= MAX_PARTIAL_MATCH_CHILDREN:
             return None, 0
         chunk = remaining[:self.tokens_per_block]
@@ -247,7 +262,7 @@ class RadixTree:
         """A child of ``parent`` whose tokens start with ``tokens`` (which then adds nothing).
         Every child is looked at: this runs once per partial tail committed."""
         raw = _raw(tokens)
-        for child in (root.children.values() if parent is None else parent.child_nodes()):
+        for child in (root if parent is None else parent).child_nodes():
             if child.raw.startswith(raw):
                 return child
         return None
@@ -318,10 +333,7 @@ class RadixTree:
         self._next_node_id += 1
         self.version += 1
         root.nodes_by_key[key] = node
-        if parent is None:
-            root.children[key] = node
-        else:
-            parent.add_child(node)
+        (root if parent is None else parent).add_child(node)
         if tokens.size < self.tokens_per_block:
             root.partials.setdefault(_parent_key(parent), []).append(node)
         self.nodes[node.node_id] = node
@@ -334,26 +346,21 @@ class RadixTree:
         thousands. Node ``i`` takes block ``first + i`` of ``raw`` (whole blocks of tokens as
         little-endian uint32 bytes) and ``pages[i]``. Returns the last."""
         nodes_by_key, nodes = root.nodes_by_key, self.nodes
-        node_id = self._next_node_id
-        depth = -1 if parent is None else parent.depth
+        first_id = self._next_node_id
+        depth = 0 if parent is None else parent.depth + 1
         width = 4 * self.tokens_per_block
         start = first * width
-        node = top = Node(node_id, keys[0], root, parent, depth + 1, raw[start:start + width],
+        node = top = Node(first_id, keys[0], root, parent, depth, raw[start:start + width],
                           pages[0])
-        nodes_by_key[keys[0]] = nodes[node_id] = node
+        nodes_by_key[keys[0]] = nodes[first_id] = top
         for i in range(1, len(keys)):  # each new node the only child of the one before
-            key = keys[i]
-            depth += 1
-            node_id += 1
             start += width
-            node.kids = node = Node(node_id, key, root, node, depth + 1, raw[start:start + width],
-                                    pages[i])
-            nodes_by_key[key] = nodes[node_id] = node
-        if parent is None:
-            root.children[top.key] = top
-        else:
-            parent.add_child(top)
-        self._next_node_id = node_id + 1
+            node_id = first_id + i  # one int object for the node and its entry in nodes
+            node.kids = node = Node(node_id, keys[i], root, node, depth + i,
+                                    raw[start:start + width], pages[i])
+            nodes_by_key[keys[i]] = nodes[node_id] = node
+        (root if parent is None else parent).add_child(top)
+        self._next_node_id = first_id + len(keys)
         self.version += 1
         return node  # type: ignore[return-value]
 
@@ -361,10 +368,7 @@ class RadixTree:
         root = node.root
         del root.nodes_by_key[node.key]
         self.version += 1
-        if node.parent is None:
-            del root.children[node.key]
-        else:
-            node.parent.remove_child(node.key)
+        (root if node.parent is None else node.parent).remove_child(node.key)
         if node.is_partial:
             parent_key = _parent_key(node.parent)
             partials = root.partials[parent_key]

@@ -244,7 +244,8 @@ def test_bench_sim_scenarios_prints_a_summary_without_json(tmp_path, monkeypatch
     with pytest.raises(json.JSONDecodeError):
         json.loads(out)
     assert out.startswith("sim-scenarios (")
-    assert re.search(rf"{re.escape(seed)}: 6 runs with variants, [\d.]+ s, \d+ SimPy events", out)
+    assert re.search(rf"{re.escape(seed)}: 6 runs with variants \(1 reused\), [\d.]+ s, \d+ SimPy "
+                     r"events", out)
     # --root names the repository explicitly
     assert main(["bench", "sim-scenarios", "--runs", "1", "--root", str(REPO), "--json"]) == 0
     assert set(json.loads(capsys.readouterr().out)["scenarios"]) == {seed}

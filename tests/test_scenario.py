@@ -219,3 +219,74 @@ def test_a_simulated_run_sets_up_under_the_run_thresholds_and_puts_the_old_ones_
         gc.set_threshold(*old)
     assert seen == [RUN_THRESHOLDS]
     assert after == before
+
+
+VARIANTS = SMALL + """\
+executor: sim
+hardware: h200-sxm
+variants:
+  same: {set: {}}
+  restated: {set: {manager.tokens_per_block: 4}}
+  longer: {set: {workload.history_tokens: 36}}
+"""
+
+
+def _counted_execute(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Count run.execute's calls; each runs on the simulator whatever its executor says (an
+    ``hw`` run would need real threads and time that these tests do not need)."""
+    import dataclasses
+
+    from kvsim.scenario import run
+
+    calls = []
+    real = run.execute
+
+    def counted(scenario, progress=None):
+        calls.append(scenario)
+        return real(dataclasses.replace(scenario, executor="sim"), progress)
+
+    monkeypatch.setattr(run, "execute", counted)
+    return calls
+
+
+def test_a_variant_that_restates_the_scenario_gets_a_copy_of_its_results_not_a_rerun(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the simulator the same scenario gives byte-identical results, so a variant equal to a
+    run already made (an empty set, or one that sets what is there) reuses that run; the copy
+    is what a run of its own writes."""
+    from kvsim.scenario.load import load_scenario_file
+    from kvsim.scenario.results import results_json
+    from kvsim.scenario.run import run_scenario
+
+    sf = load_scenario_file(write(tmp_path, VARIANTS))
+    calls = _counted_execute(monkeypatch)
+    said: list[str] = []
+    results = run_scenario(sf, progress=said.append)
+    assert len(calls) == 2  # the run as written and "longer"
+    v = results["_variant_results"]
+    assert v["same"]["_reused_from"] == v["restated"]["_reused_from"] == "the run as written"
+    assert "_reused_from" not in v["longer"]
+    assert "variant 1/3: same (the same run as the run as written: its results reused)" in said
+    assert "variant 3/3: longer" in said
+    for variant, scenario in sf.variants:
+        fresh = execute(scenario) | {"variant": v[variant.name]["variant"]}
+        assert results_json(v[variant.name]) == results_json(fresh), variant.name
+    # a copy, not the same objects: changing one run's results leaves the others as they were
+    v["same"]["calls"].clear()
+    assert results["calls"] and v["restated"]["calls"]
+
+
+def test_hardware_variants_are_measured_again_even_when_they_restate_the_scenario(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from kvsim.scenario.load import load_scenario_file
+    from kvsim.scenario.run import run_scenario
+
+    sf = load_scenario_file(write(tmp_path, VARIANTS))
+    sf.base = dataclasses.replace(sf.base, executor="hw")
+    sf.variants = tuple((v, dataclasses.replace(s, executor="hw")) for v, s in sf.variants)
+    calls = _counted_execute(monkeypatch)
+    results = run_scenario(sf)
+    assert len(calls) == 4
+    assert not any("_reused_from" in r for r in results["_variant_results"].values())

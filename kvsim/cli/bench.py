@@ -59,7 +59,8 @@ def scenario_root(root: Path | None) -> Path:
 def _sim_summary(result: dict, root: Path) -> list[str]:
     lines = [f"sim-scenarios ({root}): {result['timing']}"]
     for rel, s in result["scenarios"].items():
-        lines.append(f"  {rel}: {s['runs_including_variants']} runs with variants, "
+        reused = f" ({s['variants_reused']} reused)" if s["variants_reused"] else ""
+        lines.append(f"  {rel}: {s['runs_including_variants']} runs with variants{reused}, "
                      f"{s['wall_s']:.3f} s, {s['sim_events']} SimPy events, "
                      f"{s['events_per_s']:,.0f} events/s")
     return lines

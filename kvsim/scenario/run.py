@@ -11,9 +11,16 @@ Executors (:mod:`kvsim.scenario.executors`):
 All check the manager's invariants; what they find goes to ``violations``. A scenario with
 ``variants`` runs once as written and once per variant (its ``set`` overrides applied); each
 variant's summary, with its error against any ``reference`` figures, goes under ``variants``.
+A variant that resolves to a scenario already run (an empty ``set``, or overrides that restate
+what is there) is not run again on a deterministic executor (``plan``, ``sim``: the same scenario
+gives byte-identical results): it gets a copy of that run's results. On ``hw`` it is measured
+again.
 """
 
 from __future__ import annotations
+
+import copy
+import dataclasses
 
 from kvsim.scenario.executors import run_hw, run_plan, run_sim
 from kvsim.scenario.load import ScenarioFile
@@ -30,23 +37,40 @@ def execute(scenario: Scenario, progress=None) -> dict:
     return run_plan(scenario)
 
 
+DETERMINISTIC = ("plan", "sim")  # executors whose results depend on the scenario alone
+
+
 def run_scenario(sf: ScenarioFile, progress=None) -> dict:
     """The scenario as written, plus each variant's summary."""
     results = execute(sf.base, progress)
     if sf.variants:
+        # (what ran, its name, its results before this function added to them)
+        ran = [(_run_of(sf.base), "the run as written", dict(results))]
         results["variants"] = {}
         # results.json sorts its keys: the run's order is kept here for the report
         results["variant_order"] = [variant.name for variant, _ in sf.variants]
         for i, (variant, scenario) in enumerate(sf.variants):
+            twin = next(((name, r) for run, name, r in ran if run == _run_of(scenario)), None) \
+                if scenario.executor in DETERMINISTIC else None
             if progress is not None:
-                progress(f"variant {i + 1}/{len(sf.variants)}: {variant.name}")
-            v_results = execute(scenario)
+                progress(f"variant {i + 1}/{len(sf.variants)}: {variant.name}"
+                         + (f" (the same run as {twin[0]}: its results reused)" if twin else ""))
+            if twin is None:
+                v_results = execute(scenario)
+                ran.append((_run_of(scenario), f"variant {variant.name}", dict(v_results)))
+            else:
+                v_results = copy.deepcopy(twin[1]) | {"_reused_from": twin[0]}
             v_results["variant"] = {"name": variant.name, "of": sf.base.name,
                                     "set": {k: v for k, v in variant.overrides}}
             summary = variant_summary(v_results, variant)
             results["variants"][variant.name] = summary
             results.setdefault("_variant_results", {})[variant.name] = v_results
     return results
+
+
+def _run_of(scenario: Scenario) -> Scenario:
+    """What a run of ``scenario`` depends on: all of it but its list of variants."""
+    return dataclasses.replace(scenario, variants=())
 
 
 def missing_requirement(scenario: Scenario) -> str | None:

@@ -102,7 +102,9 @@ Schema (``*`` = required)::
                                     # spins every SM so the GPU keeps its clocks
     expect_failures: [API, ...]     # APIs whose failed calls the scenario expects; any other
                                     # failed call makes `kvsim run` say so and exit 1
-    variants:                       # optional: named runs of this scenario with overrides
+    variants:                       # optional: named runs of this scenario with overrides;
+                                    # on sim and plan, one that comes out the same as a run
+                                    # already made gets a copy of its results (no second run)
       NAME:
         set: {dotted.field: value}  # e.g. manager.stats_commit: per_page
         reference: {METRIC: number, source: str}   # figures to compare with (e.g. the seed's)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_importing_kvsim_and_running_the_cli_imports_no_gpu_library():
@@ -33,3 +36,21 @@ def test_both_module_entry_points_run_the_command_line():
                              capture_output=True, text=True)
         assert out.returncode == 0, (module, out.stderr)
         assert out.stdout.startswith("usage: kvsim run"), (module, out.stdout[:80])
+
+
+def test_the_command_line_starts_without_the_engine():
+    """``kvsim --help`` and a usage error build every command's parser; each command imports
+    its engine (numpy, pydantic, the manager, the scenario schema) only when it runs."""
+    code = ("import sys\n"
+            "from kvsim.cli import build_parser\n"
+            "build_parser().format_help()\n"
+            "engine = ('numpy', 'pydantic', 'yaml', 'simpy', 'matplotlib', 'kvsim.manager',\n"
+            "          'kvsim.scenario', 'kvsim.sim', 'kvsim.hardware', 'kvsim.validation')\n"
+            "print(','.join(sorted(m for m in sys.modules if m.startswith(engine))))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+    # and the commands still run them: a scenario check reaches the schema
+    res = subprocess.run([sys.executable, "-m", "kvsim", "validate-scenario",
+                          "scenarios/seed/burst_resize.yaml"], capture_output=True, text=True,
+                         cwd=REPO)
+    assert res.returncode == 0, res.stderr

@@ -108,7 +108,7 @@ def test_run_refuses_a_symbolic_link(workspace, capsys):
 
 
 def test_read_only_output_is_refused_before_the_run(workspace, capsys, monkeypatch):
-    import kvsim.cli.run as run
+    import kvsim.scenario.run as run  # kvsim run imports it from there when it runs
 
     def must_not_run(*a, **k):
         raise AssertionError("the run started")
@@ -155,7 +155,7 @@ def test_default_report_directory_is_under_reports(workspace, capsys):
 
 
 def test_failed_run_leaves_the_previous_report_as_it_was(workspace, capsys, monkeypatch):
-    import kvsim.cli.run as run
+    import kvsim.scenario.run as run  # kvsim run imports it from there when it runs
 
     assert main(["run", "s.yaml", "--out", "out", "--quiet"]) == 0
     before = snapshot(workspace.parent)
@@ -192,7 +192,7 @@ def test_interrupted_replacement_leaves_one_complete_report(workspace, capsys, m
     assert len(aside) == 1 and snapshot(aside[0]) == old  # the old report, complete
     assert not (workspace / "out").exists()
     # the next write restores it first; a failing run then leaves it in place
-    import kvsim.cli.run as run
+    import kvsim.scenario.run as run  # kvsim run imports it from there when it runs
 
     real_run = run.run_scenario
     monkeypatch.setattr(run, "run_scenario", lambda *a, **k: (_ for _ in ()).throw(RuntimeError))

@@ -12,6 +12,8 @@
   writes the hardware JSON ``OUT/HARDWARE_NAME.json`` (:mod:`kvsim.calibration.hardware_json`)
   that scenarios take as ``hardware:``; every figure names its measurement file, and the file
   keeps the GPU, driver, CUDA and date it was measured with.
+
+The command's options are in :mod:`kvsim.cli.calibration`.
 """
 
 from __future__ import annotations
@@ -26,49 +28,6 @@ from pathlib import Path
 from kvsim.calibration import api_costs, cpu_fit, gil_handover, host_overhead
 from kvsim.errors import KvsimError
 from kvsim.output_dir import open_output_dir
-
-
-def _count_of_probes(text: str) -> int:
-    """An argparse ``type``: a whole number of probes, at least 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number of probes, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"at least 1 probe per thread, got {n}")
-    return n
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("calibrate", help="measure this machine; write a CPU cost preset (and a "
-                                         "hardware JSON from copy measurements)")
-    p.add_argument("--out", default="reports/calibration", help="output directory")
-    p.add_argument("--name", default=None, help="CPU preset name (default kvsim-python-<host>)")
-    p.add_argument("--repeats", type=int, default=5,
-                   help="repeats of each CPU-cost measurement (default 5)")
-    p.add_argument("--gil-runs", type=int, default=6,
-                   help="runs of the GIL hand-over benchmark per thread count (0: skip it)")
-    p.add_argument("--gil-probes", type=_count_of_probes, default=gil_handover.BENCH_PROBES,
-                   metavar="N",
-                   help="probes per thread of the GIL hand-over benchmark (default "
-                        f"{gil_handover.BENCH_PROBES}: fewer leave the threads hardly overlapping "
-                        "on a fast manager, and nothing to fit)")
-    p.add_argument("--no-gil-fit", action="store_true",
-                   help="keep the GIL hand-over as estimated (skip the fit by simulation, "
-                        "a few minutes; tools/gil_fields_from_samples.py can do it later)")
-    p.add_argument("--measure-copies", action="store_true",
-                   help="GPU machine: run the copy benchmarks into --out first, then fit them")
-    p.add_argument("--quick-copies", action="store_true",
-                   help="with --measure-copies: a smoke run (hw.bench_copy --quick, 0.1 s idle spells)")
-    p.add_argument("--copy-measurement", help="hw.bench_copy output to fit a hardware JSON to")
-    p.add_argument("--plan-copies", help="hw.bench_plan_copies output (the copier's costs)")
-    p.add_argument("--link-wake", help="hw.bench_link_wake output (first copy after idling)")
-    p.add_argument("--plan-batches", help="hw.bench_plan_batches output, .json or .json.xz (the "
-                                          "copy model refitted on its fit set)")
-    p.add_argument("--hardware-name", default=None,
-                   help="hardware JSON name (default calibrated-<host>)")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:

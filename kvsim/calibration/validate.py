@@ -15,6 +15,8 @@ manager, workload and seed; the hardware and CPU presets given) and compared:
   the figure moves between runs; the simulator runs as many GIL seeds as there are runs).
 
 Absolute percentage error = |predicted - measured| / measured x 100.
+
+The command's options are in :mod:`kvsim.cli.calibration`.
 """
 
 from __future__ import annotations
@@ -234,18 +236,6 @@ def summary(result: dict) -> dict:
         "gpu": result.get("gpu"), "driver": result.get("driver"),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
     }
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("validate", help="simulator predictions against hardware-executor runs")
-    p.add_argument("scenario", help="the scenario YAML file the measured runs ran")
-    p.add_argument("--measured", required=True, action="append",
-                   help="a results directory of an hw run of the scenario (repeatable)")
-    p.add_argument("--hardware", help="hardware preset or JSON for the simulator")
-    p.add_argument("--cpu-model", help="CPU cost preset or JSON for the simulator")
-    p.add_argument("--copy-measurement", help="the copy-bench JSON the copy model was fitted to")
-    p.add_argument("--out", required=True, help="report directory")
-    p.set_defaults(func=run)
 
 
 def _pack_large(run_dir: Path, limit: int = 256 * 1024) -> None:

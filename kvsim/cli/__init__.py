@@ -9,8 +9,7 @@ from collections.abc import Sequence
 
 # Help for options of commands defined outside kvsim/cli that carry none, by (command, dest).
 def build_parser() -> argparse.ArgumentParser:
-    from kvsim.calibration import calibrate, validate
-    from kvsim.cli import bench, copy_model, detect, explore, presets, replay_cache, run, tiers
+    from kvsim.cli import bench, calibration, copy_model, detect, explore, presets, replay_cache, run, tiers
     from kvsim.cli._common import CommandParser, package_version, polish
     from kvsim.sweep import cli as sweep_cli
 
@@ -21,9 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                 parser_class=CommandParser,
                                 help="one of these (kvsim COMMAND --help for its options)")
-    for module in (bench, run, copy_model, explore, detect, replay_cache, sweep_cli, calibrate,
-                   validate, presets, tiers):
-        module.add_parser(sub)
+    for add_parser in (bench.add_parser, run.add_parser, copy_model.add_parser,
+                       explore.add_parser, detect.add_parser, replay_cache.add_parser,
+                       sweep_cli.add_parser, calibration.add_calibrate_parser,
+                       calibration.add_validate_parser, presets.add_parser, tiers.add_parser):
+        add_parser(sub)
     polish(parser)
     return parser
 

@@ -7,8 +7,6 @@ import argparse
 import re
 from pathlib import Path
 
-from kvsim.validation import parse_size
-
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # kvsim/
 REPO_ROOT = PACKAGE_ROOT.parent  # the checkout (or site-packages, once installed)
 
@@ -41,6 +39,8 @@ def byte_size(minimum: int = 1):
     """An argparse ``type``: bytes from ``4096``, ``"16 KiB"``, ``"1.5 MiB"`` or ``"2 GB"``, the
     units scenario files accept (:func:`kvsim.validation.parse_size`), at least ``minimum``."""
     def parse(text: str) -> int:
+        from kvsim.validation import parse_size
+
         try:
             value = parse_size(text)
         except ValueError as e:

@@ -6,13 +6,16 @@ import argparse
 import json
 import sys
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from kvsim.cli._common import byte_size
 from kvsim.errors import KvsimError
-from kvsim.hardware import HardwareSpec, load_hardware
-from kvsim.model.copy_paths import PATHS, CopyRequest, estimate
+from kvsim.model.path_names import PATHS
 from kvsim.output_dir import OutputDirError, open_output_dir
-from kvsim.validation import parse_size
+
+# The copy model is imported where a command uses it: building the parser needs none of it.
+if TYPE_CHECKING:
+    from kvsim.hardware import HardwareSpec
 
 FIELDS = ("hardware", "path", "direction", "page_bytes", "pages", "ctas", "inflight_bytes",
           "bidirectional", "aligned")
@@ -20,10 +23,15 @@ FIELDS = ("hardware", "path", "direction", "page_bytes", "pages", "ctas", "infli
 
 @lru_cache(maxsize=32)
 def _hardware(name: str) -> HardwareSpec:
+    from kvsim.hardware import load_hardware
+
     return load_hardware(name)
 
 
 def predict(fields: dict) -> dict:
+    from kvsim.model.copy_paths import CopyRequest, estimate
+    from kvsim.validation import parse_size
+
     unknown = sorted(set(fields) - set(FIELDS))
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r} (known: {', '.join(FIELDS)})")
@@ -90,6 +98,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
     from kvsim.calibration.copy_compare import write_comparison
     from kvsim.calibration.copy_fit import compare, observations
+    from kvsim.hardware import load_hardware
 
     if not args.hardware:
         print("kvsim copy-model --compare needs --hardware", file=sys.stderr)

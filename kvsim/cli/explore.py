@@ -7,8 +7,6 @@ import json
 import sys
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.explore import explore
-from kvsim.scenario.load import load_scenario_file
 
 
 def add_parser(sub) -> None:
@@ -25,6 +23,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvsim.scenario.explore import explore
+    from kvsim.scenario.load import load_scenario_file
+
     say = (lambda m: None) if args.quiet else (lambda m: print(f"kvsim explore: {m}", file=sys.stderr))
     try:
         if not 1 <= args.schedules <= 100_000:

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.manager.limits import MAX_SLOTS, MAX_TOKENS_PER_BLOCK
 from kvsim.output_dir import ReplacedDir
 
 FORMATS = ("mooncake",)
@@ -102,6 +101,7 @@ def write_report(curve: dict, meta: dict, out_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from kvsim.manager.limits import MAX_SLOTS, MAX_TOKENS_PER_BLOCK
     from kvsim.replay.cache_only import capacity_curve
     from kvsim.traces.mooncake import load_mooncake
 

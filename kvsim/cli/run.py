@@ -8,9 +8,6 @@ import sys
 from pathlib import Path
 
 from kvsim.errors import KvsimError
-from kvsim.scenario.load import load_scenario_file
-from kvsim.scenario.results import failed_calls, finite, public
-from kvsim.scenario.run import missing_requirement, run_scenario
 
 
 def add_parser(sub) -> None:
@@ -44,6 +41,9 @@ def run_command(args: argparse.Namespace) -> int:
     run found invariant violations or failed calls the scenario does not expect, else 0."""
     from kvsim.output_dir import ReplacedDir
     from kvsim.report.results_dir import write_results_into
+    from kvsim.scenario.load import load_scenario_file
+    from kvsim.scenario.results import failed_calls, finite, public
+    from kvsim.scenario.run import missing_requirement, run_scenario
 
     try:
         overrides = list(args.set) + (["hw.verify=true"] if getattr(args, "verify", False) else [])
@@ -96,6 +96,8 @@ def validate_command(args: argparse.Namespace) -> int:
     """Everything ``kvsim run`` checks before it starts, without running: the file, every
     variant, the presets, and what this machine needs. A file with a ``sweep:`` block is checked
     as a sweep (``kvsim sweep`` checks each point's scenario the same way)."""
+    from kvsim.scenario.load import load_scenario_file
+    from kvsim.scenario.run import missing_requirement
     from kvsim.scenario.source import load_yaml
 
     try:

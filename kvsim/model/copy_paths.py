@@ -59,8 +59,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from kvsim.hardware.spec import DIRECTIONS, HardwareSpec, PerDirection
+from kvsim.model.path_names import PATHS
 
-PATHS = ("ce-page", "ce-batch", "kernel")
 GB = 1e9
 # The host-time figures of each path (section, field): what with_host_speed scales.
 HOST_TERMS: dict[str, tuple[tuple[str, str], ...]] = {

@@ -13,8 +13,16 @@ pandas and pyarrow (and Dask for ``--backend dask``) come with ``pip install 'kv
 this package imports them only where they are used.
 """
 
-from kvsim.sweep.points import Point, expand_values, point_id, point_seed, run_point
-from kvsim.sweep.spec import Part, Sweep, load_sweep, load_sweep_scenario
+from importlib import import_module
 
-__all__ = ["Part", "Point", "Sweep", "expand_values", "load_sweep", "load_sweep_scenario",
-           "point_id", "point_seed", "run_point"]
+_WHERE = {"Point": "points", "expand_values": "points", "point_id": "points",
+          "point_seed": "points", "run_point": "points",
+          "Part": "spec", "Sweep": "spec", "load_sweep": "spec", "load_sweep_scenario": "spec"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    # Imported on first use (PEP 562): `kvsim sweep --help` loads this package, not the engine.
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"kvsim.sweep.{_WHERE[name]}"), name)

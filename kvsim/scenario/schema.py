@@ -130,6 +130,7 @@ from kvsim.manager.limits import (
     MAX_SLOT_BYTES,
     MAX_TOKENS_PER_BLOCK,
 )
+from kvsim.model.path_names import PATHS
 from kvsim.runtime.apis import LABELS
 from kvsim.scenario.source import PathKey, Source
 from kvsim.serving.engine import ServingWorkload
@@ -154,7 +155,7 @@ from kvsim.workloads.op_trace import OpTraceWorkload
 from kvsim.workloads.seed_concurrency import SeedConcurrencyWorkload
 
 EXECUTORS = ("plan", "sim", "hw")
-COPY_PATHS = ("auto", "select", "ce-page", "ce-batch", "kernel")
+COPY_PATHS = ("auto", "select", *PATHS)
 _SAFE_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"  # one safe path component: it names a directory
 
 

@@ -53,9 +53,6 @@ if TYPE_CHECKING:
 # callback(block ordinal, life cycle) -> priority in [0, 100], as KVCM2's custom_priority_callback
 PriorityCallback = Callable[[int, LifeCycle], int]
 
-# Commits of at least this many blocks look their keys up in the tree's memo (kvsim.manager.
-# key_chains) first; a shorter one (a decode step) hashes its few blocks.
-_KEY_MEMO_MIN_BLOCKS = 4
 
 
 class CacheStatus(Enum):
@@ -643,11 +640,6 @@ class KvCache:
                         page_table[b - first, lc] = page
             page_rows = page_table.tolist()
             partials = root.partials
-            known: list[bytes] = []
-            if full_blocks - first >= _KEY_MEMO_MIN_BLOCKS:
-                # a prompt's blocks: their keys are likely known from its create_kv_cache
-                known = m.tree.chains.cached(
-                    self._tokens[:full_blocks * tpb].astype("<u4").tobytes())
             sha256 = hashlib.sha256
             slow_path = m.event_sink is not None
             run: list[bytes] = []  # keys of the run of new blocks not yet added
@@ -663,10 +655,7 @@ class KvCache:
 
             tail_key = b"" if tail is None else tail.key
             for i, b in enumerate(range(first, full_blocks)):
-                if b < len(known):
-                    key = known[b]
-                else:
-                    key = sha256(key + raw[i * width:(i + 1) * width]).digest()
+                key = sha256(key + raw[i * width:(i + 1) * width]).digest()
                 if slow_path or key in nodes_by_key or tail_key in partials:
                     if run:
                         tail = add_run()

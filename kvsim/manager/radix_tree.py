@@ -22,7 +22,6 @@ from typing import NamedTuple
 
 import numpy as np
 
-from kvsim.manager.key_chains import KeyChains
 from kvsim.manager.pages import NO_PAGE
 
 # KVCM2 skips the partial-match search below a block with this many children or more
@@ -167,15 +166,6 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 _WALKS_KEPT = 256  # walks remembered (the memo is dropped when it reaches this many)
 
 
-def _up_to_miss(found: list) -> list:
-    """``found`` (lookups, None where a key missed) cut before its first None, in place."""
-    try:
-        del found[found.index(None):]
-    except ValueError:
-        pass
-    return found
-
-
 class RadixTree:
     def __init__(self, tokens_per_block: int) -> None:
         self.tokens_per_block = tokens_per_block
@@ -183,7 +173,6 @@ class RadixTree:
         self.nodes: dict[int, Node] = {}
         self.pending_root_erasures: list[Hashable] = []
         self._next_node_id = 0
-        self.chains = KeyChains(tokens_per_block)  # a cache of block keys, not state
         # What walk() reads is the roots' key maps: every change to one bumps this, and a walk
         # of the same tokens in the same scope at the same version has the same answer, kept in
         # _walks (a cache, not state: probes of one prompt repeat while nothing commits).
@@ -196,46 +185,71 @@ class RadixTree:
 
         The last, short chunk of ``tokens`` is looked up too: a stored partial block with
         exactly those tokens matches without partial matching. Returns the nodes, the number
-        of blocks hashed, and whether the walk stopped at a key that missed (rather than at the
-        end of ``tokens``).
+        of blocks hashed (what KVCM2's walk hashes: the matched blocks and the one that missed;
+        the CPU model prices it), and whether the walk stopped at a key that missed (rather than
+        at the end of ``tokens``).
         """
         root = self.roots.get(scope)
         if root is None or not root.nodes_by_key:
             return [], 0, tokens.size > 0
-        width = self.chains.width
+        width = 4 * self.tokens_per_block  # bytes of a block's tokens
         raw = tokens.astype("<u4", copy=False).tobytes()  # one conversion; blocks are slices
         n_full = len(raw) // width
         full_raw = raw[:n_full * width]
-        keys = self.chains.cached(full_raw)  # (hashes full_raw once: the lookup below reuses it)
         tail = raw[len(full_raw):]
         seen = self._walks.get((scope, full_raw))
         if seen is not None and seen[0] == self.version and seen[1] == tail:
             return list(seen[2]), seen[3], seen[4]
-        nodes, hashed, missed = self._walk(root, raw, full_raw, n_full, keys)
+        nodes, hashed, missed = self._walk_tokens(root, raw, n_full, width)
         if len(self._walks) >= _WALKS_KEPT:
             self._walks = {}
         self._walks[(scope, full_raw)] = (self.version, tail, list(nodes), hashed, missed)
         return nodes, hashed, missed
 
-    def _walk(self, root: Root, raw: bytes, full_raw: bytes, n_full: int,
-              keys: list[bytes]) -> tuple[list[Node], int, bool]:
-        by_key = root.nodes_by_key
-        # Look the known keys up in one go; hash the rest only if every one of them was found
-        # (a walk that gets past them needs the rest). Every key is looked up and the list cut
-        # at the first miss (map and list.index, in C): cheaper than stopping at the miss with
-        # a predicate called per key.
-        nodes: list[Node] = _up_to_miss(list(map(by_key.get, keys)))
-        if len(nodes) == len(keys) and len(keys) < n_full:
-            keys = self.chains.extend(full_raw, keys, n_full)
-            nodes += _up_to_miss(list(map(by_key.get, keys[len(nodes):])))
-        if len(nodes) < len(keys):
-            return nodes, len(nodes) + 1, True
-        if len(raw) > len(full_raw):
-            key = hashlib.sha256((keys[-1] if n_full else b"") + raw[len(full_raw):]).digest()
-            node = by_key.get(key)
-            if node is None:
+    def _walk_tokens(self, root: Root, raw: bytes, n_full: int,
+                     width: int) -> tuple[list[Node], int, bool]:
+        """:meth:`walk` from the root down, hashing only where a block has several children.
+
+        A block's key is SHA-256(its parent's key + its tokens), so the one child of a block is
+        the next block of ``raw`` exactly when its tokens are that block's: a comparison of
+        bytes, where the key would cost a hash (0.75 us a block) and a lookup in a map of
+        millions. Most blocks are links of a chain; only at the top and at a fork is the key
+        computed and looked up among the children. The nodes found are those a lookup of every
+        key in ``root.nodes_by_key`` finds (the tree's invariants: a node is its parent's child
+        under its key). A probe hashes none of the prefix it matches; the commit that follows
+        hashes the blocks it adds, once."""
+        nodes: list[Node] = []
+        append = nodes.append
+        kids: Node | dict[bytes, Node] | None = root.children
+        key = b""
+        sha256 = hashlib.sha256
+        end = n_full * width
+        for start in range(0, end, width):
+            if kids is None:
                 return nodes, len(nodes) + 1, True
-            nodes.append(node)
+            blk = raw[start:start + width]
+            if type(kids) is Node:
+                if kids.raw != blk:
+                    return nodes, len(nodes) + 1, True
+                child = kids
+            else:
+                child = kids.get(sha256(key + blk).digest())
+                if child is None:
+                    return nodes, len(nodes) + 1, True
+            append(child)
+            key = child.key
+            kids = child.kids
+        if len(raw) > end:
+            tail = raw[end:]
+            if kids is None:
+                child = None
+            elif type(kids) is Node:
+                child = kids if kids.raw == tail else None
+            else:
+                child = kids.get(sha256(key + tail).digest())
+            if child is None:
+                return nodes, len(nodes) + 1, True
+            append(child)
         return nodes, len(nodes), False
 
     def best_partial_child(self, scope: Hashable, parent: Node | None,
@@ -282,16 +296,14 @@ class RadixTree:
 
         Made node by node, parents first, without recursion: ``copy.deepcopy``'s own recursion
         follows a chain of blocks one level per block and exceeds Python's stack at a few
-        hundred blocks (a 5,000-token prompt at 32 tokens per block). Shared with the original:
-        the key chains (a cache of pure functions of tokens); the copy remembers no walks (they
-        name this tree's nodes).
+        hundred blocks (a 5,000-token prompt at 32 tokens per block). The copy remembers no
+        walks (they name this tree's nodes).
         """
         clone = RadixTree.__new__(RadixTree)
         memo[id(self)] = clone
         clone.tokens_per_block = self.tokens_per_block
         clone.pending_root_erasures = list(self.pending_root_erasures)
         clone._next_node_id = self._next_node_id
-        clone.chains = self.chains
         clone.version = self.version
         clone._walks = {}
         roots: dict[Hashable, Root] = {}

@@ -63,7 +63,17 @@ class Gil:
         # the end of the run is not in it (see :meth:`holds_until`)
         self.hold_log: list[tuple[str, float, float]] = []
         self._granted_at = 0.0
-        self.drop_requested = env.event()  # succeeds when a waiter asks the holder to drop
+        self._drop: simpy.Event | None = None  # this hold's drop request, once someone looks
+
+    @property
+    def drop_requested(self) -> simpy.Event:
+        """Succeeds when a waiter asks the holder to drop the GIL; one event per hold, made
+        when first looked at (most holds end before anyone asks: a SimPy event per grant was
+        about 1 % of a timed replay). Making it late changes nothing: SimPy orders events by
+        when they are scheduled, not made."""
+        if self._drop is None:
+            self._drop = self.env.event()
+        return self._drop
 
     def waiting_threads(self) -> list[str]:
         return [t for t, _ in self._waiting]
@@ -78,7 +88,7 @@ class Gil:
         self.owner, self.depth = thread, 1
         self._granted_at = self.env.now
         self.acquisitions += 1
-        self.drop_requested = self.env.event()
+        self._drop = None  # a fresh request per hold
         if self.handover is not None and self._workers_waiting():
             self._arm_hold()
 

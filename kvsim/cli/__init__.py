@@ -7,7 +7,6 @@ import sys
 from collections.abc import Sequence
 
 
-# Help for options of commands defined outside kvsim/cli that carry none, by (command, dest).
 def build_parser() -> argparse.ArgumentParser:
     from kvsim.cli import bench, calibration, copy_model, detect, explore, presets, replay_cache, run, tiers
     from kvsim.cli._common import CommandParser, package_version, polish

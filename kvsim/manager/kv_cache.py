@@ -54,7 +54,6 @@ if TYPE_CHECKING:
 PriorityCallback = Callable[[int, LifeCycle], int]
 
 
-
 class CacheStatus(Enum):
     SUSPENDED = "suspended"
     ACTIVE = "active"

@@ -422,7 +422,7 @@ class _Snapshot:
     A deep copy of everything the manager owns (page table, slot allocators, eviction index,
     radix tree, statistics, counters) and of each open cache's fields; the caches themselves,
     the configuration and the sink are shared, so handles the caller holds stay valid, and so
-    are what never changes in place (the tree's block tokens and key chains: see
+    are what never changes in place (the tree's block tokens: see
     :meth:`RadixTree.__deepcopy__ <kvsim.manager.radix_tree.RadixTree.__deepcopy__>`).
     """
 

@@ -192,22 +192,17 @@ class RadixTree:
         root = self.roots.get(scope)
         if root is None or not root.nodes_by_key:
             return [], 0, tokens.size > 0
-        width = 4 * self.tokens_per_block  # bytes of a block's tokens
         raw = tokens.astype("<u4", copy=False).tobytes()  # one conversion; blocks are slices
-        n_full = len(raw) // width
-        full_raw = raw[:n_full * width]
-        tail = raw[len(full_raw):]
-        seen = self._walks.get((scope, full_raw))
-        if seen is not None and seen[0] == self.version and seen[1] == tail:
-            return list(seen[2]), seen[3], seen[4]
-        nodes, hashed, missed = self._walk_tokens(root, raw, n_full, width)
+        seen = self._walks.get((scope, raw))
+        if seen is not None and seen[0] == self.version:
+            return list(seen[1]), seen[2], seen[3]
+        nodes, hashed, missed = self._walk_tokens(root, raw)
         if len(self._walks) >= _WALKS_KEPT:
             self._walks = {}
-        self._walks[(scope, full_raw)] = (self.version, tail, list(nodes), hashed, missed)
+        self._walks[(scope, raw)] = (self.version, list(nodes), hashed, missed)
         return nodes, hashed, missed
 
-    def _walk_tokens(self, root: Root, raw: bytes, n_full: int,
-                     width: int) -> tuple[list[Node], int, bool]:
+    def _walk_tokens(self, root: Root, raw: bytes) -> tuple[list[Node], int, bool]:
         """:meth:`walk` from the root down, hashing only where a block has several children.
 
         A block's key is SHA-256(its parent's key + its tokens), so the one child of a block is
@@ -217,14 +212,15 @@ class RadixTree:
         computed and looked up among the children. The nodes found are those a lookup of every
         key in ``root.nodes_by_key`` finds (the tree's invariants: a node is its parent's child
         under its key). A probe hashes none of the prefix it matches; the commit that follows
-        hashes the blocks it adds, once."""
+        hashes the blocks it adds, once. The last, short chunk is a block like the others: only
+        a partial node's tokens can equal it."""
         nodes: list[Node] = []
         append = nodes.append
         kids: Node | dict[bytes, Node] | None = root.children
         key = b""
         sha256 = hashlib.sha256
-        end = n_full * width
-        for start in range(0, end, width):
+        width = 4 * self.tokens_per_block  # bytes of a full block's tokens
+        for start in range(0, len(raw), width):
             if kids is None:
                 return nodes, len(nodes) + 1, True
             blk = raw[start:start + width]
@@ -239,17 +235,6 @@ class RadixTree:
             append(child)
             key = child.key
             kids = child.kids
-        if len(raw) > end:
-            tail = raw[end:]
-            if kids is None:
-                child = None
-            elif type(kids) is Node:
-                child = kids if kids.raw == tail else None
-            else:
-                child = kids.get(sha256(key + tail).digest())
-            if child is None:
-                return nodes, len(nodes) + 1, True
-            append(child)
         return nodes, len(nodes), False
 
     def best_partial_child(self, scope: Hashable, parent: Node | None,

@@ -50,14 +50,15 @@ def run_scenario(sf: ScenarioFile, progress=None) -> dict:
         # results.json sorts its keys: the run's order is kept here for the report
         results["variant_order"] = [variant.name for variant, _ in sf.variants]
         for i, (variant, scenario) in enumerate(sf.variants):
-            twin = next(((name, r) for run, name, r in ran if run == _run_of(scenario)), None) \
+            this = _run_of(scenario)
+            twin = next(((name, r) for run, name, r in ran if run == this), None) \
                 if scenario.executor in DETERMINISTIC else None
             if progress is not None:
                 progress(f"variant {i + 1}/{len(sf.variants)}: {variant.name}"
                          + (f" (the same run as {twin[0]}: its results reused)" if twin else ""))
             if twin is None:
                 v_results = execute(scenario)
-                ran.append((_run_of(scenario), f"variant {variant.name}", dict(v_results)))
+                ran.append((this, f"variant {variant.name}", dict(v_results)))
             else:
                 v_results = copy.deepcopy(twin[1]) | {"_reused_from": twin[0]}
             v_results["variant"] = {"name": variant.name, "of": sf.base.name,

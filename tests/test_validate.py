@@ -49,7 +49,10 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
     preset = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text())
     for d in (mine, preset):
         d.pop("name"), d.pop("description")
-    assert mine == preset
+    # The same figures, each fitted value within 0.5 % of the preset's: least_squares' path
+    # depends on the CPU's floating-point kernels (on an AVX2-only AMD EPYC, 2026-12-06, the
+    # refit moved the last digits of seven values, at most 0.14 %), everything else exactly.
+    assert _numbers_apart(mine, preset, rel=5e-3) == []
     spec = load_hardware(tmp_path / "mine.json")
     assert spec.copier.idle_wake_us.offload > 0 and spec.kernel.page_latency_us.onboard > 0
     (samples,) = tmp_path.glob("kvsim-python-*-samples.json")  # the CPU preset's samples
@@ -156,3 +159,29 @@ def test_summary_takes_burst_figures_only_from_one_resize_scenarios():
     assert both["burst_resize_ape_pct"] == 40.0
     assert both["probe_p50_ape_pct"] == 2.5
     assert both["scenarios"] == ["burst", "probe_during_resize"]
+
+
+def _numbers_apart(a, b, rel: float, where: str = "") -> list[str]:
+    """Where ``a`` and ``b`` (parsed JSON) differ: numbers by more than ``rel`` of the larger,
+    anything else at all."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{where}: keys {sorted(a)} != {sorted(b)}"]
+        return [d for k in a for d in _numbers_apart(a[k], b[k], rel, f"{where}.{k}")]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{where}: {len(a)} items != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _numbers_apart(x, y, rel, f"{where}[{i}]")]
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) \
+            and not isinstance(b, bool):
+        return [] if abs(a - b) <= rel * max(abs(a), abs(b)) else [f"{where}: {a} != {b}"]
+    return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def test_numbers_apart_finds_what_differs():
+    assert _numbers_apart({"x": 100.0, "s": "a"}, {"x": 100.4, "s": "a"}, rel=5e-3) == []
+    assert _numbers_apart({"x": 100.0}, {"x": 101.0}, rel=5e-3) == [".x: 100.0 != 101.0"]
+    assert _numbers_apart({"s": "a", "l": [1]}, {"s": "b", "l": [1, 2]}, rel=5e-3) == [
+        ".s: 'a' != 'b'", ".l: 1 items != 2"]
+    assert _numbers_apart({"x": 1}, {"y": 1}, rel=5e-3) == [": keys ['x'] != ['y']"]

@@ -9,6 +9,7 @@ from conftest import small_config, tokens
 
 from kvsim.manager import KVCacheManager
 from kvsim.manager.invariants import _check_tree, find_violations
+from kvsim.manager.radix_tree import Root
 
 
 def _committed() -> KVCacheManager:
@@ -67,21 +68,39 @@ def test_a_removed_node_leaves_its_pages_and_children_unreachable():
     got = _tree_messages(m)
     child = nodes[3]
     assert f"node {child.node_id}: parent {gone.node_id} was removed" in got
-    assert f"root {gone.root.scope!r}: maps a removed node" in got
+    assert f"node {gone.parent.node_id}: child {gone.node_id} was removed" in got
+    root = gone.root
+    assert f"root {root.scope!r}: counts {root.num_nodes} nodes, has {root.num_nodes - 1}" in got
     for page in gone.pages:
         if page >= 0:
             assert f"committed page {page} is not reachable from the tree" in got
 
 
-def test_a_node_out_of_its_root_map_is_reported_and_not_checked_further():
+def test_a_removed_top_level_node_is_still_mapped_by_its_root():
+    m = _committed()
+    top = _nodes(m)[0]
+    del m.tree.nodes[top.node_id]
+    assert f"root {top.root.scope!r}: maps a removed node" in _tree_messages(m)
+
+
+def test_a_node_of_another_root_is_reported_and_not_checked_further():
     m = _committed()
     node = _nodes(m)[4]
-    del node.root.nodes_by_key[node.key]
+    node.root = Root(node.root.scope, node.root.tokens_per_block)  # a root the tree does not have
     m.storage.pages.node[node.pages[0]] = 10_000  # a node id that never existed
     got = _tree_messages(m)
     assert got[0] == f"node {node.node_id}: not reachable from its root"
     assert f"committed page {node.pages[0]} is not reachable from the tree" in got
     assert not any(g.startswith(f"node {node.node_id}: page") for g in got)
+
+
+def test_a_node_its_parent_does_not_list_is_reported():
+    m = _committed()
+    node = _nodes(m)[4]
+    node.parent.kids = None
+    got = _tree_messages(m)
+    assert f"node {node.node_id}: depth {node.depth} under parent of depth {node.parent.depth}, " \
+        "or not among its parent's children" in got
 
 
 def test_a_wrong_depth_and_a_node_with_a_missing_life_cycle():

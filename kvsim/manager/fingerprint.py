@@ -25,15 +25,18 @@ def state_of(mgr: KVCacheManager) -> dict:
         "pages": {k: v.tobytes() for k, v in mgr.storage.pages.snapshot().items()},
         "slots": [[(a.num_slots, a.slot_to_page.tobytes(), a.free_slots().tobytes())
                    for a in row] for row in mgr.storage.allocators],
-        "roots": {repr(scope): sorted((n.node_id, n.key) for n in root.nodes_by_key.values())
+        "roots": {repr(scope): (root.num_nodes, [n.node_id for n in root.child_nodes()],
+                                {-1 if parent is None else parent.node_id: [n.node_id for n in ns]
+                                 for parent, ns in root.partials.items()})
                   for scope, root in tree.roots.items()},
-        "nodes": {nid: (n.key, None if n.parent is None else n.parent.node_id, n.depth,
-                        n.raw, tuple(n.pages), sorted(c.key for c in n.child_nodes()))
+        "nodes": {nid: (repr(n.root.scope), None if n.parent is None else n.parent.node_id,
+                        n.depth, n.raw, tuple(n.pages), [c.node_id for c in n.child_nodes()])
                   for nid, n in tree.nodes.items()},
         "pending_root_erasures": [repr(s) for s in tree.pending_root_erasures],
         "next_node_id": tree._next_node_id,
         "caches": {repr(cid): (c.status.value, c.capacity, c.history_length,
-                               c._tokens.tobytes(), c._committed_blocks, c._tail_key,
+                               c._tokens.tobytes(), c._committed_blocks,
+                               None if c._tail_node is None else c._tail_node.node_id,
                                c._stopped_committing, [t.tobytes() for t in c._pages],
                                [sorted(h.items()) for h in c._held_stale], c._never_resumed,
                                c._generation_ready,

@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import math
+from collections import Counter
 from itertools import chain
 from typing import TYPE_CHECKING
 
@@ -169,27 +170,33 @@ def _check_tree(mgr: KVCacheManager, out: list[str]) -> None:
     for i, node in enumerate(nodes):
         node_id = node.node_id
         root = tree.roots.get(node.root.scope)
-        if root is not node.root or root.nodes_by_key.get(node.key) is not node:
+        if root is not node.root:
             out.append(f"node {node_id}: not reachable from its root")
             continue
         # Linear: each node checks only its parent (alive, one block shallower); by induction
         # every chain reaches a root.
         parent = node.parent
         if parent is None:
-            if node.depth != 0 or root.child(node.key) is not node:
+            if node.depth != 0 or root.child(node.raw) is not node:
                 out.append(f"node {node_id}: a top-level node at depth {node.depth} or not a root child")
         elif tree.nodes.get(parent.node_id) is not parent:
             out.append(f"node {node_id}: parent {parent.node_id} was removed")
-        elif parent.depth + 1 != node.depth or parent.child(node.key) is not node:
+        elif parent.depth + 1 != node.depth or parent.child(node.raw) is not node:
             out.append(f"node {node_id}: depth {node.depth} under parent of depth {parent.depth}, "
                        "or not among its parent's children")
+        for child in node.child_nodes():
+            if tree.nodes.get(child.node_id) is not child:
+                out.append(f"node {node_id}: child {child.node_id} was removed")
         if i in bad_rows:
             for lc in np.flatnonzero(bad_page[i]).tolist():
                 out.append(f"node {node_id}: page {int(table[i, lc])} of life cycle {lc} does "
                            "not point back")
+    per_root = Counter(id(n.root) for n in nodes)
     for root in tree.roots.values():
-        if any(tree.nodes.get(n.node_id) is not n for n in root.nodes_by_key.values()):
+        if any(tree.nodes.get(n.node_id) is not n for n in root.child_nodes()):
             out.append(f"root {root.scope!r}: maps a removed node")
+        if root.num_nodes != per_root[id(root)]:
+            out.append(f"root {root.scope!r}: counts {root.num_nodes} nodes, has {per_root[id(root)]}")
     committed = np.flatnonzero(p.node >= 0)
     row_of = np.full(max(tree._next_node_id, int(p.node.max(initial=-1)) + 1), -1, dtype=np.int64)
     row_of[ids] = np.arange(ids.size)

@@ -3,7 +3,7 @@
 A block's key is the SHA-256 of the key before it (none for the first block) and the block's
 tokens as little-endian uint32 bytes, as :func:`kvsim.manager.radix_tree.block_key` keys a
 block. The cache-only replays (:mod:`kvsim.replay`) key whole prompts with it; the manager's
-walk needs keys only where the tree forks (:meth:`kvsim.manager.radix_tree.RadixTree.walk`).
+tree finds blocks by their tokens and needs no key (:mod:`kvsim.manager.radix_tree`).
 """
 
 from __future__ import annotations

@@ -29,7 +29,6 @@ blocks of sliding-window life cycles (whose uncommitted pages may be held aside)
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Callable, Hashable
 from enum import Enum
@@ -43,7 +42,7 @@ from kvsim.manager.config import LifeCycle
 from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.manager.pages import NO_PAGE
 from kvsim.manager.plan import Plan
-from kvsim.manager.radix_tree import Node, Root, block_key
+from kvsim.manager.radix_tree import Node, Root, raw_tokens
 from kvsim.manager.storage import EvictionStep
 
 if TYPE_CHECKING:
@@ -108,7 +107,6 @@ class KvCache:
         self._capacity = 0
         self._history = 0
         self._committed_blocks = 0  # blocks committed into the radix tree
-        self._tail_key = b""  # key of the last committed full block
         self._tail_node: Node | None = None
         self._stopped_committing = False
         n_lc = manager.layout.num_life_cycles
@@ -429,7 +427,7 @@ class KvCache:
         self._capacity = self._history = history
         self._committed_blocks = len(match.nodes)
         if match.nodes:
-            self._tail_key, self._tail_node = match.nodes[-1].key, match.nodes[-1]
+            self._tail_node = match.nodes[-1]
         self._refresh_generation_ready()
 
     def _copy_partial(self, ordinal: int, priorities: dict[int, np.ndarray], plan: Plan) -> None:
@@ -593,18 +591,16 @@ class KvCache:
     def _reattach(self, root: Root, plan: Plan) -> None:
         """If the node of this cache's last committed block has left the tree (its pages were
         dropped and it was removed), put the cache's committed blocks back in, so new blocks hang
-        from a live parent. Blocks still in the tree are found by key; missing ones are re-added
-        with the pages the cache still holds."""
+        from a live parent. Blocks still in the tree are found; missing ones are re-added with
+        the pages the cache still holds."""
         tail = self._tail_node
         if tail is None or self._manager.tree.nodes.get(tail.node_id) is tail:
             return
         tpb = self._manager.layout.tokens_per_block
-        key, self._tail_node = b"", None
+        self._tail_node = None
         for b in range(self._committed_blocks):
-            block = self._tokens[b * tpb:(b + 1) * tpb]
-            key = block_key(key, block)
-            self._tail_node = self._commit_block(root, b, key, block, plan)
-        self._tail_key = key
+            self._tail_node = self._commit_block(root, b, raw_tokens(self._tokens[b * tpb:(b + 1) * tpb]),
+                                                 plan)
 
     def _page_of(self, lc: int, ordinal: int) -> int:
         table = self._pages[lc]
@@ -619,15 +615,11 @@ class KvCache:
         self._reattach(root, plan)
         first, full_blocks = self._committed_blocks, self._tokens.size // tpb
         if full_blocks > first:
-            # One conversion (a fresh array) for all new blocks; each key then hashes a slice of
+            # One conversion (a fresh array) for all new blocks; each block is then a slice of
             # its bytes, and each new node keeps one.
-            blocks = self._tokens[first * tpb:full_blocks * tpb].astype("<u4").reshape(-1, tpb)
-            raw = blocks.tobytes()
+            raw = self._tokens[first * tpb:full_blocks * tpb].astype("<u4").tobytes()
             width = tpb * 4
-            nodes_by_key = root.nodes_by_key
-            key, tail = self._tail_key, self._tail_node
-            fresh_rows: list[int] = []  # block indexes (into this commit) of new nodes
-            fresh_nodes: list[int] = []
+            count = full_blocks - first
             # Each block's page per life cycle, in one conversion.
             # (a copy: held-aside pages are written into it below)
             page_table = (self._pages[0][first:full_blocks, None].copy() if len(self._pages) == 1
@@ -637,59 +629,37 @@ class KvCache:
                 for b, page in held.items():
                     if first <= b < full_blocks:
                         page_table[b - first, lc] = page
-            page_rows = page_table.tolist()
+            # Blocks one at a time (_commit_block) while the tree may already hold them, or a
+            # partial sibling they replace, or an event is due for each: until the first block
+            # its parent has no child for. Every block after it is new (a new node has no
+            # children), and they enter the tree as one chain.
+            tail = self._tail_node
             partials = root.partials
-            sha256 = hashlib.sha256
-            slow_path = m.event_sink is not None
-            run: list[bytes] = []  # keys of the run of new blocks not yet added
-
-            def add_run() -> Node | None:
-                start = len(fresh_rows) - len(run)
-                rows = fresh_rows[start:]
-                last = m.tree.add_chain(root, tail, run, raw, rows[0],
-                                        page_rows[rows[0]:rows[-1] + 1])
-                fresh_nodes.extend(range(last.node_id - len(run) + 1, last.node_id + 1))
-                run.clear()
-                return last
-
-            tail_key = b"" if tail is None else tail.key
-            for i, b in enumerate(range(first, full_blocks)):
-                key = sha256(key + raw[i * width:(i + 1) * width]).digest()
-                if slow_path or key in nodes_by_key or tail_key in partials:
-                    if run:
-                        tail = add_run()
-                    self._tail_node = tail
-                    tail = self._commit_block(root, b, key, blocks[i], plan)
-                    tail_key = b"" if tail is None else tail.key
-                    continue
-                # The common case, a block nobody committed before and no partial sibling: a
-                # new node owning our pages (added with the rest of its run).
-                run.append(key)
-                fresh_rows.append(i)
-                tail_key = key
-            if run:
-                tail = add_run()
-            fast = len(fresh_rows)
-            if fast:
-                # The usual case, one run of new nodes (rows and node ids only grow): a slice
-                # and a range, not a conversion of two lists of ints.
-                if fresh_rows[-1] - fresh_rows[0] + 1 == fast == fresh_nodes[-1] - fresh_nodes[0] + 1:
-                    rows = page_table[fresh_rows[0]:fresh_rows[-1] + 1]
-                    node_ids = np.arange(fresh_nodes[0], fresh_nodes[-1] + 1, dtype=np.int32)
-                else:
-                    rows = page_table[fresh_rows]
-                    node_ids = np.array(fresh_nodes, dtype=np.int32)
+            one_by_one = m.event_sink is not None
+            i = 0
+            while i < count:
+                blk = raw[i * width:(i + 1) * width]
+                if not one_by_one and tail not in partials and \
+                        (root if tail is None else tail).child(blk) is None:
+                    break
+                self._tail_node = tail
+                tail = self._commit_block(root, first + i, blk, plan)
+                i += 1
+            fresh = count - i
+            if fresh:
+                tail = m.tree.add_chain(root, tail, raw, i, fresh, page_table[i:].tolist())
+                node_ids = np.arange(tail.node_id - fresh + 1, tail.node_id + 1, dtype=np.int32)
                 node_of_page = m.storage.pages.node
                 # Not reported to the eviction index: these pages are the ACTIVE cache's, locked
                 # (pages held aside are reported below, when they are released).
-                for pages in rows.T:  # one life cycle's pages at a time
+                for pages in page_table[i:].T:  # one life cycle's pages at a time
                     has = pages != NO_PAGE
                     node_of_page[pages[has]] = node_ids[has]
-            c = plan.counts  # _commit_block counted its own blocks
-            c.blocks_hashed += fast
-            c.tree_nodes_visited += fast
-            c.tree_nodes_created += fast
-            self._tail_key, self._tail_node = key, tail
+                c = plan.counts  # _commit_block counted its own blocks
+                c.blocks_hashed += fresh
+                c.tree_nodes_visited += fresh
+                c.tree_nodes_created += fresh
+            self._tail_node = tail
             self._committed_blocks = full_blocks
             if held_aside:
                 self._release_committed_aside(plan)
@@ -718,15 +688,15 @@ class KvCache:
         if tail.size and b == self._tokens.size // tpb:
             root = m.tree.root_for(self.scope)
             self._reattach(root, plan)
-            self._commit_block(root, b, block_key(self._tail_key, tail), tail, plan)
+            self._commit_block(root, b, raw_tokens(tail), plan)
         self._stopped_committing = True
         # Out-of-window pages held for a commit that will not come now.
         m._release(self.held_pages_aside(), False, plan)
         self._held_stale = [{} for _ in self._held_stale]
 
-    def _commit_block(self, root: Root, ordinal: int, key: bytes, tokens: np.ndarray,
-                      plan: Plan) -> Node | None:
-        """Put one block of this cache into the tree (KVCM2's ``_commit_block``).
+    def _commit_block(self, root: Root, ordinal: int, raw: bytes, plan: Plan) -> Node | None:
+        """Put one block of this cache, its tokens ``raw`` (little-endian uint32 bytes), into the
+        tree (KVCM2's ``_commit_block``).
 
         An identical full block already there: the cache rebases onto its pages (ours are given
         back; a page of theirs off the GPU is brought up). A partial block whose tokens an
@@ -742,23 +712,24 @@ class KvCache:
         parent = self._tail_node if ordinal else None
         n_lc = m.layout.num_life_cycles
         ours = [self._page_of(lc, ordinal) for lc in range(n_lc)]
-        full = tokens.size == m.layout.tokens_per_block
-        node = root.nodes_by_key.get(key)
-        if full and node is not None:
-            self._rebase(node, ordinal, ours, plan)
-            return node
-        if not full and m.tree.covering_sibling(root, parent, tokens) is not None:
+        full = len(raw) == 4 * m.layout.tokens_per_block
+        if full:
+            node = (root if parent is None else parent).child(raw)
+            if node is not None:
+                self._rebase(node, ordinal, ours, plan)
+                return node
+        elif m.tree.covering_sibling(root, parent, raw) is not None:
             return None
-        for replaced in m.tree.covered_partials(root, parent, tokens):
+        for replaced in m.tree.covered_partials(root, parent, raw):
             m._remove_nodes([replaced], plan)
-        node = m.tree.add_node(root, parent, key, tokens, ours)
+        node = m.tree.add_node(root, parent, raw, ours)
         c.tree_nodes_created += 1
         for page in ours:
             if page != NO_PAGE:
                 p.node[page] = node.node_id
         storage.changed([page for page in ours if page != NO_PAGE])
         m._emit({"type": "stored", "scope": root.scope, "block": ordinal,
-                 "num_tokens": int(tokens.size)}, plan)
+                 "num_tokens": len(raw) >> 2}, plan)
         return node
 
     def _rebase(self, node: Node, ordinal: int, ours: list[int], plan: Plan) -> None:

@@ -3,7 +3,8 @@
 The rules are KVCM2's (``_block_radix_tree.py``: ``_match_token_path``, ``_prune_match``; the
 backoff in ``_kv_cache_manager.py`` ``_match_reuse``), in three stages:
 
-1. **Walk.** Blocks are followed by key, the last, short chunk of the prompt included (a stored
+1. **Walk.** Blocks are followed by key (kvsim finds a child by its tokens: the same answer,
+   see :mod:`kvsim.manager.radix_tree`), the last, short chunk of the prompt included (a stored
    partial block with exactly those tokens matches without partial matching). With partial
    reuse on, where a key misses, the child of the last matched block sharing the most leading
    tokens with the prompt adds those tokens (skipped below a block with 32 children or more).

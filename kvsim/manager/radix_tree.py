@@ -1,10 +1,13 @@
 """Radix tree of committed blocks, one root per reuse scope.
 
-A block's key is SHA-256(previous block's key || the block's tokens as 4-byte little-endian), so a
-key names the whole prefix up to and including the block; a partial block (fewer tokens than a
-block holds, committed when a cache stops committing) is keyed the same way over its tokens.
-Each root keeps a flat ``key -> node`` map for the walk and each node its children for partial
-matching.
+KVCM2 names a block by its key, SHA-256(previous block's key || the block's tokens as 4-byte
+little-endian) (:func:`block_key`), and looks blocks up by key. A key is determined by the
+block's parent and its tokens, so among one parent's children, keys differ exactly where the
+tokens do: kvsim finds a child by its tokens' bytes and computes no key (a hash per block
+committed and a map of every block's key were a tenth of a long replay's time). The blocks found
+are those a lookup by key finds, as long as SHA-256 has no collision (KVCM2 assumes the same).
+A partial block (fewer tokens than a block holds, committed when a cache stops committing) is a
+child like the others, under its shorter tokens.
 
 Sibling rules, as in KVCM2 (``_block_radix_tree.py``, ``Block.__init__``): a partial block whose
 tokens are a prefix of an existing sibling's adds nothing (the sibling already holds them); a new
@@ -41,32 +44,34 @@ DEFAULT_SCOPE = ReuseScope()
 
 
 def block_key(previous_key: bytes, tokens: np.ndarray) -> bytes:
-    return hashlib.sha256(previous_key + _raw(tokens)).digest()
+    """KVCM2's key of a block: what the tree's lookups by tokens stand for (see above)."""
+    return hashlib.sha256(previous_key + raw_tokens(tokens)).digest()
 
 
-def _raw(tokens: np.ndarray) -> bytes:
+def raw_tokens(tokens: np.ndarray) -> bytes:
+    """A block's tokens as the tree keeps them: little-endian uint32 bytes."""
     return tokens.astype("<u4", copy=False).tobytes()
 
 
 class Node:
-    """One committed block: its key, its tokens, and the page of each life cycle (or -1).
+    """One committed block: its tokens and the page of each life cycle (or -1).
 
-    The tokens are kept as their little-endian uint32 bytes (``raw``, as keys hash them): a
-    slice of the commit's one buffer costs less than a numpy view per block, prefix tests
-    between siblings are one ``bytes.startswith``, and :attr:`tokens` reads them as an array
-    when partial matching needs one (read-only: a block's tokens never change).
+    The tokens are kept as their little-endian uint32 bytes (``raw``): a slice of the commit's
+    one buffer costs less than a numpy view per block, they name the block among its siblings
+    (see the module docstring), prefix tests between siblings are one ``bytes.startswith``, and
+    :attr:`tokens` reads them as an array when partial matching needs one (read-only: a block's
+    tokens never change).
 
-    The children are kept in ``kids``: None, the one child itself, or a dict by key made at the
-    second child (in the order they were added). Most blocks are a link of a chain, with one
-    child: a dict of one would be 240 bytes of a node's ~840 (``sys.getsizeof``, CPython 3.11).
+    The children are kept in ``kids``: None, the one child itself, or a dict by tokens made at
+    the second child (in the order they were added). Most blocks are a link of a chain, with
+    one child: a dict of one would be 240 bytes (``sys.getsizeof``, CPython 3.11).
     :class:`Root` has the same child methods over its top-level blocks."""
 
-    __slots__ = ("node_id", "key", "root", "parent", "depth", "raw", "pages", "kids")
+    __slots__ = ("node_id", "root", "parent", "depth", "raw", "pages", "kids")
 
-    def __init__(self, node_id: int, key: bytes, root: Root, parent: Node | None, depth: int,
-                 raw: bytes, pages: list[int]) -> None:
+    def __init__(self, node_id: int, root: Root, parent: Node | None, depth: int, raw: bytes,
+                 pages: list[int]) -> None:
         self.node_id = node_id
-        self.key = key
         self.root = root
         self.parent = parent
         self.depth = depth  # block ordinal
@@ -74,11 +79,12 @@ class Node:
         self.pages = pages
         self.kids: Node | dict[bytes, Node] | None = None
 
-    def child(self, key: bytes) -> Node | None:
+    def child(self, raw: bytes) -> Node | None:
+        """The child holding exactly the tokens ``raw``, if any."""
         kids = self.kids
         if type(kids) is dict:
-            return kids.get(key)
-        return kids if kids is not None and kids.key == key else None
+            return kids.get(raw)
+        return kids if kids is not None and kids.raw == raw else None
 
     def child_nodes(self) -> tuple[Node, ...] | ValuesView[Node]:
         """The children, in the order they were added."""
@@ -96,18 +102,18 @@ class Node:
         if kids is None:
             self.kids = node
         elif type(kids) is Node:
-            self.kids = {kids.key: kids, node.key: node}
+            self.kids = {kids.raw: kids, node.raw: node}
         else:
-            kids[node.key] = node
+            kids[node.raw] = node
 
-    def remove_child(self, key: bytes) -> None:
+    def remove_child(self, raw: bytes) -> None:
         kids = self.kids
         if type(kids) is Node:
-            if kids.key != key:
-                raise KeyError(key)
+            if kids.raw != raw:
+                raise KeyError(raw)
             self.kids = None
         else:
-            del kids[key]  # (a dict left with one child stays a dict: same order, same answers)
+            del kids[raw]  # (a dict left with one child stays a dict: same order, same answers)
             if not kids:
                 self.kids = None
 
@@ -128,33 +134,32 @@ class Node:
 
 
 class Root:
-    __slots__ = ("scope", "tokens_per_block", "nodes_by_key", "children", "partials")
+    """One reuse scope's top-level blocks (``children``, by tokens), the partial blocks of each
+    parent, and how many nodes the scope has."""
+
+    __slots__ = ("scope", "tokens_per_block", "children", "partials", "num_nodes")
 
     def __init__(self, scope: Hashable, tokens_per_block: int) -> None:
         self.scope = scope
         self.tokens_per_block = tokens_per_block
-        self.nodes_by_key: dict[bytes, Node] = {}
         self.children: dict[bytes, Node] = {}
-        # parent's key (b"" at the top) -> its partial children: the sibling rules look them up
+        # parent (None at the top) -> its partial children: the sibling rules look them up
         # without scanning every child of a busy parent
-        self.partials: dict[bytes, list[Node]] = {}
+        self.partials: dict[Node | None, list[Node]] = {}
+        self.num_nodes = 0
 
     # The child API of Node, over the top-level blocks: a parent is either.
-    def child(self, key: bytes) -> Node | None:
-        return self.children.get(key)
+    def child(self, raw: bytes) -> Node | None:
+        return self.children.get(raw)
 
     def child_nodes(self) -> ValuesView[Node]:
         return self.children.values()
 
     def add_child(self, node: Node) -> None:
-        self.children[node.key] = node
+        self.children[node.raw] = node
 
-    def remove_child(self, key: bytes) -> None:
-        del self.children[key]
-
-
-def _parent_key(parent: Node | None) -> bytes:
-    return b"" if parent is None else parent.key
+    def remove_child(self, raw: bytes) -> None:
+        del self.children[raw]
 
 
 def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -173,7 +178,7 @@ class RadixTree:
         self.nodes: dict[int, Node] = {}
         self.pending_root_erasures: list[Hashable] = []
         self._next_node_id = 0
-        # What walk() reads is the roots' key maps: every change to one bumps this, and a walk
+        # What walk() reads is the roots' children: every change to one bumps this, and a walk
         # of the same tokens in the same scope at the same version has the same answer, kept in
         # _walks (a cache, not state: probes of one prompt repeat while nothing commits).
         self.version = 0
@@ -181,16 +186,16 @@ class RadixTree:
 
     # -- read-only ---------------------------------------------------------------------------
     def walk(self, scope: Hashable, tokens: np.ndarray) -> tuple[list[Node], int, bool]:
-        """Nodes of the longest run of blocks of ``tokens`` found by key. Read-only.
+        """Nodes of the longest run of blocks of ``tokens`` found in the tree. Read-only.
 
         The last, short chunk of ``tokens`` is looked up too: a stored partial block with
         exactly those tokens matches without partial matching. Returns the nodes, the number
         of blocks hashed (what KVCM2's walk hashes: the matched blocks and the one that missed;
-        the CPU model prices it), and whether the walk stopped at a key that missed (rather than
+        the CPU model prices it), and whether the walk stopped at a block that missed (rather than
         at the end of ``tokens``).
         """
         root = self.roots.get(scope)
-        if root is None or not root.nodes_by_key:
+        if root is None or not root.num_nodes:
             return [], 0, tokens.size > 0
         raw = tokens.astype("<u4", copy=False).tobytes()  # one conversion; blocks are slices
         seen = self._walks.get((scope, raw))
@@ -203,22 +208,13 @@ class RadixTree:
         return nodes, hashed, missed
 
     def _walk_tokens(self, root: Root, raw: bytes) -> tuple[list[Node], int, bool]:
-        """:meth:`walk` from the root down, hashing only where a block has several children.
-
-        A block's key is SHA-256(its parent's key + its tokens), so the one child of a block is
-        the next block of ``raw`` exactly when its tokens are that block's: a comparison of
-        bytes, where the key would cost a hash (0.75 us a block) and a lookup in a map of
-        millions. Most blocks are links of a chain; only at the top and at a fork is the key
-        computed and looked up among the children. The nodes found are those a lookup of every
-        key in ``root.nodes_by_key`` finds (the tree's invariants: a node is its parent's child
-        under its key). A probe hashes none of the prefix it matches; the commit that follows
-        hashes the blocks it adds, once. The last, short chunk is a block like the others: only
-        a partial node's tokens can equal it."""
+        """:meth:`walk` from the root down, each block of ``raw`` looked up among the children
+        of the one before by its tokens (a comparison of bytes with an only child, a dict
+        lookup at a fork). The last, short chunk is a block like the others: only a partial
+        node's tokens can equal it."""
         nodes: list[Node] = []
         append = nodes.append
         kids: Node | dict[bytes, Node] | None = root.children
-        key = b""
-        sha256 = hashlib.sha256
         width = 4 * self.tokens_per_block  # bytes of a full block's tokens
         for start in range(0, len(raw), width):
             if kids is None:
@@ -229,11 +225,10 @@ class RadixTree:
                     return nodes, len(nodes) + 1, True
                 child = kids
             else:
-                child = kids.get(sha256(key + blk).digest())
+                child = kids.get(blk)
                 if child is None:
                     return nodes, len(nodes) + 1, True
             append(child)
-            key = child.key
             kids = child.kids
         return nodes, len(nodes), False
 
@@ -257,23 +252,21 @@ class RadixTree:
                 best, best_len = child, common
         return best, best_len
 
-    def covering_sibling(self, root: Root, parent: Node | None, tokens: np.ndarray) -> Node | None:
-        """A child of ``parent`` whose tokens start with ``tokens`` (which then adds nothing).
+    def covering_sibling(self, root: Root, parent: Node | None, raw: bytes) -> Node | None:
+        """A child of ``parent`` whose tokens start with ``raw`` (which then adds nothing).
         Every child is looked at: this runs once per partial tail committed."""
-        raw = _raw(tokens)
         for child in (root if parent is None else parent).child_nodes():
             if child.raw.startswith(raw):
                 return child
         return None
 
-    def covered_partials(self, root: Root, parent: Node | None, tokens: np.ndarray) -> list[Node]:
-        """Partial children of ``parent`` that a new block of ``tokens`` replaces."""
-        raw = _raw(tokens)
-        return [child for child in root.partials.get(_parent_key(parent), ())
+    def covered_partials(self, root: Root, parent: Node | None, raw: bytes) -> list[Node]:
+        """Partial children of ``parent`` that a new block of tokens ``raw`` replaces."""
+        return [child for child in root.partials.get(parent, ())
                 if len(child.raw) < len(raw) and raw.startswith(child.raw)]
 
     def has_partial_children(self, root: Root, parent: Node | None) -> bool:
-        return _parent_key(parent) in root.partials
+        return parent in root.partials
 
     def __deepcopy__(self, memo: dict) -> RadixTree:
         """A copy of the tree (roots, nodes, queued erasures), every node and root entered in
@@ -299,7 +292,7 @@ class RadixTree:
         new_node = Node.__new__
         for node_id, old in self.nodes.items():  # in creation order: a parent before its children
             node = new_node(Node)
-            node.node_id, node.key, node.depth = old.node_id, old.key, old.depth
+            node.node_id, node.depth = old.node_id, old.depth
             node.root = memo[id(old.root)]
             node.parent = None if old.parent is None else memo[id(old.parent)]
             node.raw, node.pages = old.raw, list(old.pages)
@@ -307,11 +300,12 @@ class RadixTree:
         for old, node in zip(self.nodes.values(), nodes.values()):
             kids = old.kids
             node.kids = None if kids is None else memo[id(kids)] if type(kids) is Node else \
-                {key: memo[id(child)] for key, child in kids.items()}
+                {raw: memo[id(child)] for raw, child in kids.items()}
         for old, root in zip(self.roots.values(), roots.values()):
-            root.nodes_by_key = {key: memo[id(n)] for key, n in old.nodes_by_key.items()}
-            root.children = {key: memo[id(n)] for key, n in old.children.items()}
-            root.partials = {key: [memo[id(n)] for n in ns] for key, ns in old.partials.items()}
+            root.num_nodes = old.num_nodes
+            root.children = {raw: memo[id(n)] for raw, n in old.children.items()}
+            root.partials = {None if parent is None else memo[id(parent)]: [memo[id(n)] for n in ns]
+                             for parent, ns in old.partials.items()}
         clone.roots, clone.nodes = roots, nodes
         return clone
 
@@ -323,57 +317,56 @@ class RadixTree:
             self.roots[scope] = root
         return root
 
-    def add_node(self, root: Root, parent: Node | None, key: bytes, tokens: np.ndarray,
-                 pages: list[int]) -> Node:
+    def add_node(self, root: Root, parent: Node | None, raw: bytes, pages: list[int]) -> Node:
+        """A new node of tokens ``raw`` (a full or a partial block) under ``parent``."""
         depth = 0 if parent is None else parent.depth + 1
-        node = Node(self._next_node_id, key, root, parent, depth, _raw(tokens), pages)
+        node = Node(self._next_node_id, root, parent, depth, raw, pages)
         self._next_node_id += 1
         self.version += 1
-        root.nodes_by_key[key] = node
+        root.num_nodes += 1
         (root if parent is None else parent).add_child(node)
-        if tokens.size < self.tokens_per_block:
-            root.partials.setdefault(_parent_key(parent), []).append(node)
+        if len(raw) < 4 * self.tokens_per_block:
+            root.partials.setdefault(parent, []).append(node)
         self.nodes[node.node_id] = node
         return node
 
-    def add_chain(self, root: Root, parent: Node | None, keys: list[bytes], raw: bytes,
-                  first: int, pages: list[list[int]]) -> Node:
-        """New full-block nodes, each the child of the one before (the first of ``parent``):
-        :meth:`add_node` for a run of blocks, flat because a long prompt's commit makes
-        thousands. Node ``i`` takes block ``first + i`` of ``raw`` (whole blocks of tokens as
-        little-endian uint32 bytes) and ``pages[i]``. Returns the last."""
-        nodes_by_key, nodes = root.nodes_by_key, self.nodes
+    def add_chain(self, root: Root, parent: Node | None, raw: bytes, first: int, count: int,
+                  pages: list[list[int]]) -> Node:
+        """``count`` new full-block nodes, each the child of the one before (the first of
+        ``parent``): :meth:`add_node` for a run of blocks, flat because a long prompt's commit
+        makes thousands. Node ``i`` takes block ``first + i`` of ``raw`` (whole blocks of tokens
+        as little-endian uint32 bytes) and ``pages[i]``. Returns the last."""
+        nodes = self.nodes
         first_id = self._next_node_id
         depth = 0 if parent is None else parent.depth + 1
         width = 4 * self.tokens_per_block
         start = first * width
-        node = top = Node(first_id, keys[0], root, parent, depth, raw[start:start + width],
-                          pages[0])
-        nodes_by_key[keys[0]] = nodes[first_id] = top
-        for i in range(1, len(keys)):  # each new node the only child of the one before
+        node = top = Node(first_id, root, parent, depth, raw[start:start + width], pages[0])
+        nodes[first_id] = top
+        for i in range(1, count):  # each new node the only child of the one before
             start += width
             node_id = first_id + i  # one int object for the node and its entry in nodes
-            node.kids = node = Node(node_id, keys[i], root, node, depth + i,
-                                    raw[start:start + width], pages[i])
-            nodes_by_key[keys[i]] = nodes[node_id] = node
+            node.kids = node = nodes[node_id] = Node(node_id, root, node, depth + i,
+                                                     raw[start:start + width], pages[i])
         (root if parent is None else parent).add_child(top)
-        self._next_node_id = first_id + len(keys)
+        self._next_node_id = first_id + count
+        root.num_nodes += count
         self.version += 1
-        return node  # type: ignore[return-value]
+        return node
 
     def _detach(self, node: Node) -> None:
         root = node.root
-        del root.nodes_by_key[node.key]
+        root.num_nodes -= 1
         self.version += 1
-        (root if node.parent is None else node.parent).remove_child(node.key)
+        parent = node.parent
+        (root if parent is None else parent).remove_child(node.raw)
         if node.is_partial:
-            parent_key = _parent_key(node.parent)
-            partials = root.partials[parent_key]
+            partials = root.partials[parent]
             partials.remove(node)
             if not partials:
-                del root.partials[parent_key]
+                del root.partials[parent]
         del self.nodes[node.node_id]
-        if not root.nodes_by_key and root.scope not in self.pending_root_erasures:
+        if not root.num_nodes and root.scope not in self.pending_root_erasures:
             self.pending_root_erasures.append(root.scope)
 
     def remove_subtree(self, node: Node) -> list[Node]:
@@ -411,7 +404,7 @@ class RadixTree:
         erased = 0
         for scope in self.pending_root_erasures:
             root = self.roots.get(scope)
-            if root is not None and not root.nodes_by_key:
+            if root is not None and not root.num_nodes:
                 del self.roots[scope]
                 erased += 1
         self.pending_root_erasures.clear()

@@ -113,7 +113,7 @@ def test_clear_with_childless_root_returns():
     kv = mgr.create_kv_cache(toks(100, 4))
     assert kv.resume() and kv.resize(4) and kv.resize(8) and kv.resize(12)
     kv.close()
-    assert not any(root.nodes_by_key for root in mgr.tree.roots.values())
+    assert not any(root.num_nodes for root in mgr.tree.roots.values())
     mgr.clear_reusable_blocks()
     assert not mgr.tree.roots
 

@@ -104,6 +104,8 @@ class KvCache:
         self.priority_callback = priority_callback
         self._status = CacheStatus.SUSPENDED
         self._tokens = np.zeros(0, dtype=np.uint32)  # committed tokens
+        # The buffer _tokens is the start of, with room to append (see _commit); None: none.
+        self._token_room: np.ndarray | None = None
         self._capacity = 0
         self._history = 0
         self._committed_blocks = 0  # blocks committed into the radix tree
@@ -610,7 +612,15 @@ class KvCache:
     def _commit(self, toks: np.ndarray, plan: Plan) -> None:
         m = self._manager
         tpb = m.layout.tokens_per_block
-        self._tokens = np.concatenate([self._tokens, toks])
+        # A decode step appends a block or so to thousands of tokens: written into the room
+        # after them instead of copying them all (1 % of a long replay). Only _tokens views the
+        # room, and only its start: nothing else sees what is written past its end.
+        n, room = self._tokens.size, self._token_room
+        if room is None or self._tokens.base is not room or room.size < n + toks.size:
+            room = self._token_room = np.empty(max(2 * (n + toks.size), 256), dtype=np.uint32)
+            room[:n] = self._tokens
+        room[n:n + toks.size] = toks
+        self._tokens = room[:n + toks.size]
         root = m.tree.root_for(self.scope)
         self._reattach(root, plan)
         first, full_blocks = self._committed_blocks, self._tokens.size // tpb

@@ -227,7 +227,7 @@ def call_steps(log: CallLog, thread: str, call: Call) -> Generator[Effect, Any, 
     if result is False:
         rec.ok = False
     counts = plan.counts
-    rec.counts = counts.to_dict()
+    rec.work = counts
     callbacks = counts.callback_calls + counts.events_emitted
     if callbacks:
         yield Callbacks(thread, callbacks, label)

@@ -112,6 +112,16 @@ class ReentrantSharedMutex(LockHolds):
     def _dispatch(self) -> None:
         if self.owner is not None:
             return
+        waiting = self._waiting
+        if len(waiting) <= 1:
+            # Most dispatches (every uncontended acquire and release): no waiter, or one, whom
+            # the rules below grant exactly when it is a reader or no reader holds the lock.
+            if waiting:
+                acq, event = waiting[0]
+                if acq.mode == _SHARED or not self.readers:
+                    waiting.clear()
+                    self._grant_waiting(acq, event)
+            return
         writer_waiting = any(a.mode == _EXCLUSIVE for a, _ in self._waiting)
         # Readers first: all of them under reader preference; under writer preference only
         # while no writer waits.

@@ -86,9 +86,10 @@ def require_size(name: str, value: object) -> int:
 
 
 def _pages_of(tables) -> np.ndarray:
+    """The pages of the tables, each a fresh array (a mask selects a copy)."""
     if not tables:
         return np.zeros(0, dtype=np.int32)
-    allp = np.concatenate(tables)
+    allp = tables[0] if len(tables) == 1 else np.concatenate(tables)
     return allp[allp >= 0]
 
 

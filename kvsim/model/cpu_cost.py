@@ -12,6 +12,7 @@ submission of the copies, so the executor does not add the copy path's host cost
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -128,20 +129,34 @@ class CpuCostModel:
         """The fixed cost of a call of the manager method ``api`` (a plan's API label)."""
         return self.api_call_us.get(api, self.per_call_us) if api else self.per_call_us
 
+    def __post_init__(self) -> None:
+        # The priced units, in unit_us's order, with their count readers: a call's price sums
+        # these (the same terms in the same order as over every unit, skipping zero costs),
+        # twice per call of a long replay. (unit_us is never changed in place.)
+        priced = [(unit, cost) for unit, cost in self.unit_us.items() if cost]
+        object.__setattr__(self, "_priced", tuple(priced))
+        object.__setattr__(self, "_priced_counts",
+                           operator.attrgetter(*(u for u, _ in priced)) if priced else None)
+
+    def _counts_of(self, counts: WorkCounts) -> tuple:
+        get = self._priced_counts
+        if get is None:
+            return ()
+        values = get(counts)
+        return values if len(self._priced) > 1 else (values,)
+
     def seconds(self, counts: WorkCounts, api: str | None = None) -> float:
         """Host seconds of a call of ``api`` (the plan's API; None: per_call_us) with ``counts``."""
         total = self.call_us(api)
-        for unit, cost in self.unit_us.items():
-            if cost:
-                total += cost * getattr(counts, unit)
+        for (_, cost), n in zip(self._priced, self._counts_of(counts)):
+            total += cost * n
         return total * 1e-6
 
     def terms_us(self, counts: WorkCounts, api: str | None = None) -> dict[str, float]:
         """Each unit's contribution, for reports that trace a time to its formula."""
         out = {"per_call": self.call_us(api)}
-        for unit, cost in self.unit_us.items():
-            n = getattr(counts, unit)
-            if cost and n:
+        for (unit, cost), n in zip(self._priced, self._counts_of(counts)):
+            if n:
                 out[unit] = cost * n
         return out
 

@@ -1,0 +1,124 @@
+"""Two commits' benchmark figures, measured at the same time: is a change faster, on a noisy host?
+
+    python tools/side_by_side.py BASE NEW [--rounds N] -- COMMAND...
+
+``COMMAND`` is a kvsim benchmark that prints one JSON line (``python -m kvsim.bench.replay
+--timed-only --json``, ``python -m kvsim bench sim-scenarios --json``, ...). Each commit's
+``kvsim``, ``data`` and ``scenarios`` are copied out of git (``git archive``) into a temporary
+directory; in each round the command runs from both copies **at once**, one process each, with
+``PYTHONPATH`` set to the copy and ``{root}`` in the command replaced by it. Prints each round's
+figures and their ratio (new over base), then the median ratio; ``--json`` prints them as one
+JSON line.
+
+Why at once: the 2-core development VM's speed moves by 20-30 % within minutes (and by 2x
+between sessions), so runs made one after another compare the host's minutes as much as the
+code. Two processes that run together share those minutes; each has a core of its own, so
+neither waits for the other (run nothing else meanwhile). They still share the memory
+bandwidth and the last-level cache: for a benchmark of a few milliseconds
+(``kvsim bench burst-resize``), on 2026-12-06, identical code measured 0.90-1.30 apart this way;
+there, take the minimum of many runs one after another instead. A figure that depends on the
+cores being idle (wall time of a multi-process command) is not for this tool either.
+
+The figure compared is ``--key`` of the JSON line (default ``cpu_s``, then ``wall_s`` when the
+line has no ``cpu_s``); ``peak_rss_mib`` and ``calls_digest`` are shown when present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("kvsim", "data", "scenarios")  # what a benchmark reads from the tree
+
+
+def export(commit: str, into: Path) -> Path:
+    """``commit``'s copied folders under ``into`` (exits if git cannot archive the commit)."""
+    into.mkdir(parents=True)
+    got = subprocess.run(["git", "-C", str(ROOT), "archive", commit, *COPIED], capture_output=True)
+    if got.returncode != 0:
+        raise SystemExit(f"git cannot archive {commit!r}: {got.stderr.decode().strip()}")
+    archive = got.stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def start(root: Path, command: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    args = [a.replace("{root}", str(root)) for a in command]
+    # From the copy's parent, so that the working directory holds no other kvsim.
+    return subprocess.Popen(args, cwd=root.parent, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def figures(proc: subprocess.Popen, label: str) -> dict:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{label}: the command failed (exit {proc.returncode}):\n{err[-2000:]}")
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"{label}: the command printed no JSON line:\n{out[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def value(fig: dict, key: str | None) -> float:
+    if key is not None:
+        return float(fig[key])
+    return float(fig["cpu_s"] if "cpu_s" in fig else fig["wall_s"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("base", help="the commit measured first in each pair (the reference)")
+    parser.add_argument("new", help="the commit compared with it")
+    parser.add_argument("--rounds", type=int, default=3, help="pairs of runs (default 3)")
+    parser.add_argument("--key", help="the JSON figure compared (default cpu_s, else wall_s)")
+    parser.add_argument("--json", action="store_true", help="one JSON line instead of a table")
+    argv = sys.argv[1:] if argv is None else argv
+    if "--" not in argv:
+        parser.error("give the benchmark command after --")
+    cut = argv.index("--")
+    args, command = parser.parse_args(argv[:cut]), argv[cut + 1:]
+    if not command:
+        parser.error("give the benchmark command after --")
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kvsim-side-by-side-") as tmp:
+        roots = {name: export(commit, Path(tmp) / name / "tree")
+                 for name, commit in (("base", args.base), ("new", args.new))}
+        for r in range(1, args.rounds + 1):
+            procs = {name: start(root, command) for name, root in roots.items()}
+            fig = {name: figures(proc, f"{name} ({getattr(args, name)}), round {r}")
+                   for name, proc in procs.items()}
+            row = {"round": r, "ratio": value(fig["new"], args.key) / value(fig["base"], args.key)}
+            for name in ("base", "new"):
+                row[name] = {k: fig[name][k] for k in ("cpu_s", "wall_s", "peak_rss_mib",
+                                                        "calls_digest") if k in fig[name]}
+                if args.key:
+                    row[name][args.key] = fig[name][args.key]
+            rows.append(row)
+            if not args.json:
+                print(f"round {r}: " + "; ".join(
+                    f"{name} {value(fig[name], args.key):.3f}"
+                    + (f" ({fig[name]['peak_rss_mib']:.1f} MiB)" if "peak_rss_mib" in fig[name] else "")
+                    + (f" digest {fig[name]['calls_digest'][:8]}" if "calls_digest" in fig[name] else "")
+                    for name in ("base", "new")) + f"; new/base {row['ratio']:.3f}", flush=True)
+    median = statistics.median(r["ratio"] for r in rows)
+    if args.json:
+        print(json.dumps({"base": args.base, "new": args.new, "command": command, "rounds": rows,
+                          "median_ratio": median}, sort_keys=True))
+    else:
+        print(f"median new/base over {len(rows)} rounds: {median:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -602,8 +602,8 @@ class KvCache:
         tpb = self._manager.layout.tokens_per_block
         self._tail_node = None
         for b in range(self._committed_blocks):
-            self._tail_node = self._commit_block(root, b, raw_tokens(self._tokens[b * tpb:(b + 1) * tpb]),
-                                                 plan)
+            block = raw_tokens(self._tokens[b * tpb:(b + 1) * tpb])
+            self._tail_node = self._commit_block(root, b, block, plan)
 
     def _page_of(self, lc: int, ordinal: int) -> int:
         table = self._pages[lc]
@@ -626,9 +626,9 @@ class KvCache:
         self._reattach(root, plan)
         first, full_blocks = self._committed_blocks, self._tokens.size // tpb
         if full_blocks > first:
-            # One conversion (a fresh array) for all new blocks; each block is then a slice of
-            # its bytes, and each new node keeps one.
-            raw = self._tokens[first * tpb:full_blocks * tpb].astype("<u4").tobytes()
+            # One conversion for all new blocks; each block is then a slice of its bytes, and
+            # each new node keeps one.
+            raw = raw_tokens(self._tokens[first * tpb:full_blocks * tpb])
             width = tpb * 4
             count = full_blocks - first
             # Each block's page per life cycle, in one conversion.
@@ -645,12 +645,11 @@ class KvCache:
             # its parent has no child for. Every block after it is new (a new node has no
             # children), and they enter the tree as one chain.
             tail = self._tail_node
-            partials = root.partials
             one_by_one = m.event_sink is not None
             i = 0
             while i < count:
                 blk = raw[i * width:(i + 1) * width]
-                if not one_by_one and tail not in partials and \
+                if not one_by_one and not m.tree.has_partial_children(root, tail) and \
                         (root if tail is None else tail).child(blk) is None:
                     break
                 self._tail_node = tail
@@ -658,12 +657,13 @@ class KvCache:
                 i += 1
             fresh = count - i
             if fresh:
-                tail = m.tree.add_chain(root, tail, raw, i, fresh, page_table[i:].tolist())
+                rows = page_table[i:]  # the new blocks' pages
+                tail = m.tree.add_chain(root, tail, raw, i, fresh, rows.tolist())
                 node_ids = np.arange(tail.node_id - fresh + 1, tail.node_id + 1, dtype=np.int32)
                 node_of_page = m.storage.pages.node
                 # Not reported to the eviction index: these pages are the ACTIVE cache's, locked
                 # (pages held aside are reported below, when they are released).
-                for pages in page_table[i:].T:  # one life cycle's pages at a time
+                for pages in rows.T:  # one life cycle's pages at a time
                     has = pages != NO_PAGE
                     node_of_page[pages[has]] = node_ids[has]
                 c = plan.counts  # _commit_block counted its own blocks

@@ -197,7 +197,7 @@ class RadixTree:
         root = self.roots.get(scope)
         if root is None or not root.num_nodes:
             return [], 0, tokens.size > 0
-        raw = tokens.astype("<u4", copy=False).tobytes()  # one conversion; blocks are slices
+        raw = raw_tokens(tokens)  # one conversion; blocks are slices
         seen = self._walks.get((scope, raw))
         if seen is not None and seen[0] == self.version:
             return list(seen[1]), seen[2], seen[3]

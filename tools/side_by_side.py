@@ -21,6 +21,14 @@ cores being idle (wall time of a multi-process command) is not for this tool eit
 
 The figure compared is ``--key`` of the JSON line (default ``cpu_s``, then ``wall_s`` when the
 line has no ``cpu_s``); ``peak_rss_mib`` and ``calls_digest`` are shown when present.
+
+``--instructions`` compares instructions instead of seconds: each run goes through valgrind's
+cachegrind (``--cache-sim=no``: it counts the instructions executed, ``I refs``, about 20x
+slower than a plain run), with ``PYTHONHASHSEED=0``. The count does not move with the host's
+speed: on 2026-12-07, the same code measured 1.0000 and 1.0005 apart (800 requests of the timed
+replay), where seconds moved by 10-15 %; one round is enough. It misses what instructions do
+not show (cache misses, memory bandwidth), so confirm a gain in seconds before calling it one,
+and keep the command short (``--max-requests``): the whole timed replay would take half an hour.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -49,9 +59,16 @@ def export(commit: str, into: Path) -> Path:
     return into
 
 
-def start(root: Path, command: list[str]) -> subprocess.Popen:
+# counts the instructions a process executes, and nothing else (see the module docstring)
+CACHEGRIND = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+
+
+def start(root: Path, command: list[str], instructions: bool = False) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(root))
     args = [a.replace("{root}", str(root)) for a in command]
+    if instructions:
+        env["PYTHONHASHSEED"] = "0"
+        args = CACHEGRIND + args
     # From the copy's parent, so that the working directory holds no other kvsim.
     return subprocess.Popen(args, cwd=root.parent, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -64,7 +81,17 @@ def figures(proc: subprocess.Popen, label: str) -> dict:
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if not lines:
         raise SystemExit(f"{label}: the command printed no JSON line:\n{out[-2000:]}")
-    return json.loads(lines[-1])
+    fig = json.loads(lines[-1])
+    counted = instructions_counted(err)
+    if counted is not None:
+        fig["instructions"] = counted
+    return fig
+
+
+def instructions_counted(stderr: str) -> int | None:
+    """The ``I refs`` total cachegrind prints at exit (``==123== I   refs:  1,234``), or None."""
+    found = re.search(r"^==\d+== I\s+refs:\s+([\d,]+)\s*$", stderr, re.MULTILINE)
+    return None if found is None else int(found.group(1).replace(",", ""))
 
 
 def value(fig: dict, key: str | None) -> float:
@@ -81,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="pairs of runs (default 3)")
     parser.add_argument("--key", help="the JSON figure compared (default cpu_s, else wall_s)")
     parser.add_argument("--json", action="store_true", help="one JSON line instead of a table")
+    parser.add_argument("--instructions", action="store_true",
+                        help="compare instructions executed (valgrind's cachegrind), not seconds")
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
         parser.error("give the benchmark command after --")
@@ -90,12 +119,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the benchmark command after --")
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if args.instructions:
+        if shutil.which("valgrind") is None:
+            parser.error("--instructions needs valgrind on the PATH (apt install valgrind)")
+        if args.key not in (None, "instructions"):
+            parser.error("--instructions compares instructions: leave --key out")
+        args.key = "instructions"
     rows = []
+    digits = 4 if args.instructions else 3  # instructions: differences of 0.1 % are real
     with tempfile.TemporaryDirectory(prefix="kvsim-side-by-side-") as tmp:
         roots = {name: export(commit, Path(tmp) / name / "tree")
                  for name, commit in (("base", args.base), ("new", args.new))}
         for r in range(1, args.rounds + 1):
-            procs = {name: start(root, command) for name, root in roots.items()}
+            procs = {name: start(root, command, args.instructions) for name, root in roots.items()}
             fig = {name: figures(proc, f"{name} ({getattr(args, name)}), round {r}")
                    for name, proc in procs.items()}
             row = {"round": r, "ratio": value(fig["new"], args.key) / value(fig["base"], args.key)}
@@ -107,16 +143,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             if not args.json:
                 print(f"round {r}: " + "; ".join(
-                    f"{name} {value(fig[name], args.key):.3f}"
+                    f"{name} {value(fig[name], args.key):{',.0f' if args.instructions else '.3f'}}"
                     + (f" ({fig[name]['peak_rss_mib']:.1f} MiB)" if "peak_rss_mib" in fig[name] else "")
                     + (f" digest {fig[name]['calls_digest'][:8]}" if "calls_digest" in fig[name] else "")
-                    for name in ("base", "new")) + f"; new/base {row['ratio']:.3f}", flush=True)
+                    for name in ("base", "new")) + f"; new/base {row['ratio']:.{digits}f}", flush=True)
     median = statistics.median(r["ratio"] for r in rows)
     if args.json:
         print(json.dumps({"base": args.base, "new": args.new, "command": command, "rounds": rows,
                           "median_ratio": median}, sort_keys=True))
     else:
-        print(f"median new/base over {len(rows)} rounds: {median:.3f}")
+        print(f"median new/base over {len(rows)} rounds: {median:.{digits}f}")
     return 0
 
 

@@ -109,14 +109,15 @@ class HwExecutor:
         self.lock = ThreadedSharedMutex(opt.lock_policy, t0=self.t0)
         self.log = pipeline.CallLog(manager, self.now, self.lock, opt.wait_for_copies,
                                     opt.check_invariants_per_call, opt.check_lock_discipline,
-                                    recorder=self._record if recorder is not None else None)
+                                    recorder=self._record if recorder is not None else None,
+                                    nudges=False)
         self._errors: list[str] = []
         self.thread_starts: dict[str, list[float]] = {}
         self._records_lock = threading.Lock()  # guards the recorder across threads
         self._invoke_cpu = threading.local()  # each thread's last manager call's thread CPU
         p = pipeline
         self._handlers = {
-            p.Python: _nothing, p.BindingWaits: _nothing, p.Nudge: _nothing,
+            p.EnterBinding: _nothing,
             p.Callbacks: _nothing, p.LeaveBinding: _nothing, p.AcquireLock: self._do_acquire,
             p.Invoke: self._do_invoke,
             p.SpendCpu: self._do_cpu, p.SubmitCopies: self._do_submit,

@@ -184,9 +184,9 @@ def test_inline_effects_change_nothing(file, variant, monkeypatch):
     taken = []
     python_at_once = SimExecutor._python_at_once
 
-    def counted(self, e):
+    def counted(self, *args):
         taken.append(1)
-        return python_at_once(self, e)
+        return python_at_once(self, *args)
 
     monkeypatch.setattr(SimExecutor, "_python_at_once", counted)
     inline = results_json(execute(scenario))

@@ -10,8 +10,9 @@ here, once.
 
 One API call, in order (the effects in brackets):
 
-1. enter the binding [:class:`Python`: half the binding's Python cost];
-2. a binding that may block on the lock can release the GIL first [:class:`BindingWaits`];
+1. enter the binding: half the binding's Python cost, then a binding that may block on the
+   lock can release the GIL [:class:`EnterBinding`];
+2. (an exploring executor may shift the thread by a sliver of time [:class:`Nudge`]);
 3. the manager lock in the API's declared mode [:class:`AcquireLock`]; a request the real lock
    would hang on fails the call (a :class:`~kvsim.runtime.records.LockHazardError`);
 4. the manager call itself [:class:`Invoke`]: its :class:`~kvsim.manager.Outcome`, whose plan
@@ -23,7 +24,7 @@ One API call, in order (the effects in brackets):
 8. the invariants (after an exclusive call), then the lock released [:class:`ReleaseLock`];
 9. by default the call returns now (stream semantics, as KVCM2), or waits for its copies
    [:class:`WaitCopies`];
-10. back to Python [:class:`Python`, :class:`LeaveBinding`].
+10. back to Python: the other half of the binding's Python cost [:class:`LeaveBinding`].
 """
 
 from __future__ import annotations
@@ -42,15 +43,9 @@ from kvsim.runtime.steps import Call, GpuWork, Now, Sleep, Step, Until
 # Named tuples, not frozen dataclasses: a call makes about ten of them, and a frozen dataclass's
 # __init__ (object.__setattr__ per field) was 2.6 % of a timed replay's profile. Executors dispatch on
 # the effect's type.
-class Python(NamedTuple):
-    """Half the binding's own Python cost (entering it, or leaving it) on ``thread``."""
-
-    thread: str
-    api: str
-
-
-class BindingWaits(NamedTuple):
-    """The binding is about to block on the lock: it may release the GIL first."""
+class EnterBinding(NamedTuple):
+    """Entering the binding: half its own Python cost on ``thread``; then, about to block on
+    the lock, the binding may release the GIL."""
 
     thread: str
     api: Api
@@ -119,9 +114,11 @@ class WaitCopies(NamedTuple):
 
 
 class LeaveBinding(NamedTuple):
-    """The call is over; ``abandoned``: it failed at the lock and never ran."""
+    """The call is over: the other half of the binding's Python cost, then back to the caller;
+    ``abandoned``: it failed at the lock and never ran (no Python cost)."""
 
     thread: str
+    api: str
     abandoned: bool = False
 
 
@@ -158,9 +155,10 @@ class CallLog:
                  wait_for_copies: bool, check_invariants: bool, check_lock_discipline: bool,
                  progress: Callable[[str], None] | None = None,
                  recorder: Callable[[Call, str, CallRecord], None] | None = None,
-                 calls_never_overlap: bool = False) -> None:
+                 calls_never_overlap: bool = False, nudges: bool = True) -> None:
         """``calls_never_overlap``: the driver runs one call's manager work at a time (a
-        simulated clock), so the discipline checker may reuse its last digest."""
+        simulated clock), so the discipline checker may reuse its last digest. ``nudges``
+        False: the executor does nothing on a :class:`Nudge`, so none is yielded."""
         self.manager = manager
         self.now = now
         self.lock = lock
@@ -174,6 +172,7 @@ class CallLog:
         self.current_api: dict[str, str] = {}
         self._called: set[str] = set()
         self.digests = DigestCache() if calls_never_overlap else None
+        self.nudges = nudges
 
     def new_record(self, thread: str, call: Call) -> CallRecord:
         # list.append is atomic under the GIL: real threads may call this at once
@@ -199,23 +198,25 @@ def call_steps(log: CallLog, thread: str, call: Call) -> Generator[Effect, Any, 
     api, mode, label = call.api, call.api.mode, call.api.label
     rec = log.new_record(thread, call)
     first = log.first_call(thread)
-    yield Python(thread, label)
-    yield BindingWaits(thread, api)
+    yield EnterBinding(thread, api)
     if mode is not LockMode.NONE:
-        yield Nudge(thread)
+        if log.nudges:
+            yield Nudge(thread)
         rec.lock_requested = log.now()
         hazard = yield AcquireLock(thread, mode, label)
         if hazard is not None:
             rec.ok, rec.error, rec.end = False, f"LockHazardError: {hazard}", log.now()
-            yield LeaveBinding(thread, abandoned=True)
+            yield LeaveBinding(thread, label, abandoned=True)
             return
         rec.lock_granted = log.now()
-    check = DisciplineCheck(log.manager, log.check_lock_discipline and log.lock.owner != thread,
-                            log.digests)
+    check = None
+    if log.check_lock_discipline:
+        check = DisciplineCheck(log.manager, log.lock.owner != thread, log.digests)
     outcome, measured_s = yield Invoke(call)
-    found = check.violation(rec, "shared" if thread in log.lock.readers else "no", log.now())
-    if found:
-        log.violations.append(found)
+    if check is not None:
+        found = check.violation(rec, "shared" if thread in log.lock.readers else "no", log.now())
+        if found:
+            log.violations.append(found)
     plan = outcome.plan
     if plan.api != api.plan_api:
         raise RuntimeError(f"a call labelled {label} ran {plan.api}: the workload's label and "
@@ -242,8 +243,7 @@ def call_steps(log: CallLog, thread: str, call: Call) -> Generator[Effect, Any, 
         rec.lock_released = log.now()
     if handles:
         yield WaitCopies(thread, rec, handles, log.wait_for_copies)
-    yield Python(thread, label)
-    yield LeaveBinding(thread)
+    yield LeaveBinding(thread, label)
     rec.end = log.now()
     if log.recorder is not None:
         log.recorder(call, thread, rec)

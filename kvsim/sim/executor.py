@@ -37,6 +37,7 @@ thread with what it holds and waits for.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -120,9 +121,14 @@ class SimExecutor:
         self.stream = CopyStream(self.env, "migration", self.link, hardware,
                                  {"offload": path, "onboard": path}, opt.kernel_ctas,
                                  opt.kernel_inflight_bytes, opt.aligned, disk)
-        self.log = pipeline.CallLog(manager, lambda: self.env.now, self.lock, opt.wait_for_copies,
-                                    opt.check_invariants, opt.check_lock_discipline,
-                                    calls_never_overlap=True)
+        self._rng = (None if opt.schedule_seed is None
+                     else np.random.default_rng(opt.schedule_seed))
+        # The clock as the pipeline reads it (several times a call): SimPy's now, without a
+        # Python frame for the property.
+        self.log = pipeline.CallLog(manager, functools.partial(getattr, self.env, "_now"),
+                                    self.lock, opt.wait_for_copies, opt.check_invariants,
+                                    opt.check_lock_discipline, calls_never_overlap=True,
+                                    nudges=self._rng is not None)
         self._waiting: dict[str, tuple[str, str]] = {}  # thread -> (what, api)
         self._slept: dict[str, float] = {}  # thread -> how long it last slept, until it runs
         # thread -> the factor on its host costs until its next call ends (after_sleep_factor)
@@ -132,10 +138,10 @@ class SimExecutor:
         self._lock_tested: set[str] = set()  # threads past their first lock test
         self._alive: set[str] = set()
         p = pipeline
-        self._plain = {p.BindingWaits: self._do_binding_waits, p.Invoke: self._do_invoke,
-                       p.ReleaseLock: self._do_release, p.LeaveBinding: self._do_leave,
+        self._plain = {p.Invoke: self._do_invoke, p.ReleaseLock: self._do_release,
                        p.ReadClock: lambda e: self.env.now}
-        self._timed = {p.Python: self._do_python, p.Nudge: self._do_nudge,
+        self._timed = {p.EnterBinding: self._do_enter, p.LeaveBinding: self._do_leave,
+                       p.Nudge: self._do_nudge,
                        p.AcquireLock: self._do_acquire, p.Callbacks: self._do_callbacks,
                        p.SpendCpu: self._do_cpu, p.SubmitCopies: self._do_submit,
                        p.WaitCopies: self._do_wait_copies, p.SleepFor: self._do_sleep,
@@ -151,8 +157,6 @@ class SimExecutor:
         # thread -> [Thread.start() called, the thread's first Python] (when starts are modelled)
         self.thread_starts: dict[str, list[float]] = {}
         self._stop = self.env.event()  # succeeds when a deadlock makes further progress moot
-        self._rng = (None if opt.schedule_seed is None
-                     else np.random.default_rng(opt.schedule_seed))
         # the CPU preset's distribution tables' draws, one generator per table (see _draw)
         self._table_rngs: dict[int, np.random.Generator] = {}
         # Effects that usually end at once (see _drive): done inline, or handed to a generator
@@ -160,8 +164,9 @@ class SimExecutor:
         # schedule is explored; the timed handlers above do the same in every case.
         self._at_once: dict[type, object] = {}
         if self.inline_effects and not cpu.holds_gil and self._rng is None:
-            self._at_once = {p.Python: self._python_at_once, p.Nudge: lambda e: None,
-                             p.SpendCpu: self._cpu_at_once, p.SubmitCopies: self._submit_at_once,
+            self._at_once = {p.EnterBinding: self._enter_at_once,
+                             p.LeaveBinding: self._leave_at_once, p.SpendCpu: self._cpu_at_once,
+                             p.SubmitCopies: self._submit_at_once,
                              p.AcquireLock: self._acquire_at_once}
 
     @property
@@ -250,11 +255,33 @@ class SimExecutor:
             return True
         return False
 
-    def _python_at_once(self, e: pipeline.Python):
-        seconds = self._binding_python_s(e.thread)
-        if not self._gil_at_once(e.thread):
-            return _Rest(self._python(e.thread, seconds, e.api))
-        return self._host_delay(self._stretched(e.thread, seconds))
+    def _python_at_once(self, thread: str, api: str):
+        """Half the binding's Python cost (as :meth:`_python`): at once, or a :class:`_Rest`."""
+        seconds = self._binding_python_s(thread)
+        if not self._gil_at_once(thread):
+            return _Rest(self._python(thread, seconds, api))
+        return self._host_delay(self._stretched(thread, seconds))
+
+    def _enter_at_once(self, e: pipeline.EnterBinding):
+        got = self._python_at_once(e.thread, e.api.label)
+        if type(got) is _Rest:
+            return _Rest(self._then(got.steps, self._binding_waits, e))
+        self._binding_waits(e)
+        return None
+
+    def _leave_at_once(self, e: pipeline.LeaveBinding):
+        if not e.abandoned:
+            got = self._python_at_once(e.thread, e.api)
+            if type(got) is _Rest:
+                return _Rest(self._then(got.steps, self._left, e))
+        self._left(e)
+        return None
+
+    @staticmethod
+    def _then(steps, after, e):
+        """``yield from``: ``steps``, then ``after(e)``."""
+        yield from steps
+        after(e)
 
     def _cpu_at_once(self, e: pipeline.SpendCpu):
         seconds, method = self._call_cpu_s(e)
@@ -303,10 +330,11 @@ class SimExecutor:
             seconds += self.cpu.after_sleep_s(slept)
         return seconds
 
-    def _do_python(self, e: pipeline.Python):
-        yield from self._python(e.thread, self._binding_python_s(e.thread), e.api)
+    def _do_enter(self, e: pipeline.EnterBinding):
+        yield from self._python(e.thread, self._binding_python_s(e.thread), e.api.label)
+        self._binding_waits(e)
 
-    def _do_binding_waits(self, e: pipeline.BindingWaits) -> None:
+    def _binding_waits(self, e: pipeline.EnterBinding) -> None:
         if not self.cpu.holds_gil and self.options.gil_release.get(e.api.label, True):
             self.gil.release_fully(e.thread)
 
@@ -465,7 +493,12 @@ class SimExecutor:
                 self.gil.release_fully(e.thread)
             yield all_done
 
-    def _do_leave(self, e: pipeline.LeaveBinding) -> None:
+    def _do_leave(self, e: pipeline.LeaveBinding):
+        if not e.abandoned:
+            yield from self._python(e.thread, self._binding_python_s(e.thread), e.api)
+        self._left(e)
+
+    def _left(self, e: pipeline.LeaveBinding) -> None:
         self._cold.pop(e.thread, None)
         if e.abandoned or not self.cpu.holds_gil:
             self.gil.release_fully(e.thread)

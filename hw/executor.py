@@ -232,7 +232,7 @@ class HwExecutor:
         if not stuck and calls:
             violations += invariant_violations(self.manager, calls[-1], self.now())
         for rec in calls:
-            done = [c.finished for c in getattr(rec, "_copies", []) if c.finished is not None]
+            done = [c.finished for c in rec._copies or [] if c.finished is not None]
             if done:
                 rec.copies_done = max(done)
         return RunResult(calls, self.copier.records, self._link_stats(), self.lock.policy,

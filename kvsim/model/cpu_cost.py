@@ -145,20 +145,24 @@ class CpuCostModel:
         values = get(counts)
         return values if len(self._priced) > 1 else (values,)
 
+    def price(self, counts: WorkCounts, api: str | None = None) -> tuple[float, dict[str, float]]:
+        """:meth:`seconds` and :meth:`terms_us` of one call, in one pass (an executor asks for
+        both on every call)."""
+        total = self.call_us(api)
+        terms = {"per_call": total}
+        for (unit, cost), n in zip(self._priced, self._counts_of(counts)):
+            total += cost * n
+            if n:
+                terms[unit] = cost * n
+        return total * 1e-6, terms
+
     def seconds(self, counts: WorkCounts, api: str | None = None) -> float:
         """Host seconds of a call of ``api`` (the plan's API; None: per_call_us) with ``counts``."""
-        total = self.call_us(api)
-        for (_, cost), n in zip(self._priced, self._counts_of(counts)):
-            total += cost * n
-        return total * 1e-6
+        return self.price(counts, api)[0]
 
     def terms_us(self, counts: WorkCounts, api: str | None = None) -> dict[str, float]:
         """Each unit's contribution, for reports that trace a time to its formula."""
-        out = {"per_call": self.call_us(api)}
-        for (unit, cost), n in zip(self._priced, self._counts_of(counts)):
-            if n:
-                out[unit] = cost * n
-        return out
+        return self.price(counts, api)[1]
 
 
 def load_cpu_model(name_or_path: str | Path) -> CpuCostModel:

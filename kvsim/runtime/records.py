@@ -79,7 +79,7 @@ class CopyRecord:
     finished: float | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class CallRecord:
     index: int
     thread: str
@@ -107,6 +107,8 @@ class CallRecord:
     # a dict of 19 entries per call was 1.6 % of a long replay and most are never read.
     work: WorkCounts | None = None
     cpu_terms_us: dict = field(default_factory=dict)
+    # The hardware executor's copy records of the call, until their device times are known.
+    _copies: list | None = None
 
     @property
     def counts(self) -> dict[str, int]:

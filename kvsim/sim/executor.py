@@ -18,7 +18,7 @@ come before skips SimPy's queue, with the same outcome: :mod:`kvsim.sim.environm
 * **the manager call**: the real manager runs the call at this instant and returns its plan;
 * **callbacks**: priority-callback and event-sink calls re-take the GIL under the lock,
   ``callback_us`` each;
-* **CPU**: ``cpu_model.seconds(plan.counts, method)`` (``method``: the manager method the call
+* **CPU**: ``cpu_model.price(plan.counts, method)`` (``method``: the manager method the call
   ran, for a preset's ``api_call_us``), plus the host cost of submitting the copies
   (unless the CPU preset already includes it; with a Python manager, the preset's
   ``copy_submit_gil_free`` share of the submission runs without the GIL);
@@ -284,8 +284,8 @@ class SimExecutor:
         after(e)
 
     def _cpu_at_once(self, e: pipeline.SpendCpu):
-        seconds, method = self._call_cpu_s(e)
-        return self._host_delay(seconds, (seconds, self.cpu.terms_us(e.counts, method)))
+        seconds, terms = self._call_cpu_s(e)
+        return self._host_delay(seconds, (seconds, terms))
 
     def _submit_at_once(self, e: pipeline.SubmitCopies):
         if not e.copies:
@@ -412,20 +412,22 @@ class SimExecutor:
         if not self.cpu.holds_gil:
             self.gil.release(e.thread)
 
-    def _call_cpu_s(self, e: pipeline.SpendCpu) -> tuple[float, str | None]:
-        """The plan's CPU seconds (first call and spread applied), and the manager method they
-        were priced for (None unless the preset prices methods)."""
+    def _call_cpu_s(self, e: pipeline.SpendCpu) -> tuple[float, dict[str, float]]:
+        """The plan's CPU seconds (first call and spread applied), and the cost terms they
+        come from (:meth:`CpuCostModel.price`, for the manager method the plan ran when the
+        preset prices methods)."""
         slow = self.cpu.first_call_factor if e.first_call else 1.0
         method = Api.named(e.api).plan_api if self.cpu.api_call_us else None
-        return self.cpu.seconds(e.counts, method) * slow * self._spread(), method
+        seconds, terms = self.cpu.price(e.counts, method)
+        return seconds * slow * self._spread(), terms
 
     def _do_cpu(self, e: pipeline.SpendCpu):
-        seconds, method = self._call_cpu_s(e)
+        seconds, terms = self._call_cpu_s(e)
         if self.cpu.holds_gil:  # recorded as run (stretched after a sleep)
             seconds = yield from self._python(e.thread, seconds, e.api)
         elif seconds:
             yield from self._wait(seconds)
-        return seconds, self.cpu.terms_us(e.counts, method)
+        return seconds, terms
 
     def _do_submit(self, e: pipeline.SubmitCopies):
         handles, submit_s = yield from self._submit(e)

@@ -296,6 +296,9 @@ class SimExecutor:
         """A lock whose waiters do not re-test (a C++ manager's): granted at once, or a
         :class:`_Rest` that waits for the grant."""
         thread = e.thread
+        if self.lock.free_for(thread, e.mode) and self.env.succeed_now():
+            self.lock.take_now(thread, e.mode, e.api)  # uncontended: no event needed
+            return None
         self._waiting[thread] = ("lock", e.api)
         try:
             request = self.lock.acquire(thread, e.mode, e.api, defer_test=False)

@@ -78,6 +78,21 @@ class ReentrantSharedMutex(LockHolds):
         self._dispatch()
         return event
 
+    def free_for(self, thread: str, mode: LockMode) -> bool:
+        """Whether a request of ``thread`` in ``mode`` (not NONE) would be granted on the spot
+        by :meth:`acquire`: nothing queued, no holder in its way, and not one the real lock
+        would hang on or that nests."""
+        return (self.owner is None and not self._waiting and thread not in self.readers
+                and (mode is LockMode.SHARED or not self.readers))
+
+    def take_now(self, thread: str, mode: LockMode, api: str = "") -> Acquisition:
+        """Grant a request :meth:`free_for` allows, without an event: what :meth:`acquire`
+        records, for a caller that knows its event would have been processed at once
+        (:meth:`~kvsim.sim.environment.CountingEnvironment.succeed_now`)."""
+        acq = self._request(thread, mode, api, self.env.now)
+        self._grant(acq, self.env.now, ())
+        return acq
+
     def release(self, thread: str) -> None:
         self._release(thread, self.env.now, self._waiting_acquisitions())
         if self.recheck:

@@ -195,3 +195,24 @@ def test_inline_effects_change_nothing(file, variant, monkeypatch):
     taken.clear()
     assert results_json(execute(scenario)) == inline
     assert not taken
+
+
+@pytest.mark.parametrize("file,variant", [("scenarios/bugs/probe_starvation.yaml", "buggy"),
+                                          ("scenarios/traces/mooncake_sample.yaml", None)])
+def test_uncontended_lock_grants_without_an_event_change_nothing(file, variant, monkeypatch):
+    """A free lock granted on the spot (ReentrantSharedMutex.take_now) gives the results of the
+    grant through an event, byte for byte; it is taken with the shortcuts, never without."""
+    from kvsim.sim.rwlock import ReentrantSharedMutex
+
+    scenario = load_scenario_file(REPO / file).base if variant is None else _variant(file, variant)
+    taken = []
+    take_now = ReentrantSharedMutex.take_now
+
+    def counted(self, *args):
+        taken.append(CountingEnvironment.shortcuts)
+        return take_now(self, *args)
+
+    monkeypatch.setattr(ReentrantSharedMutex, "take_now", counted)
+    fast, slow = _both(scenario)
+    assert fast == slow
+    assert taken and all(taken)  # taken on the fast run only

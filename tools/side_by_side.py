@@ -27,8 +27,9 @@ cachegrind (``--cache-sim=no``: it counts the instructions executed, ``I refs``,
 slower than a plain run), with ``PYTHONHASHSEED=0``. The count does not move with the host's
 speed: on 2026-12-07, the same code measured 1.0000 and 1.0005 apart (800 requests of the timed
 replay), where seconds moved by 10-15 %; one round is enough. It misses what instructions do
-not show (cache misses, memory bandwidth), so confirm a gain in seconds before calling it one,
-and keep the command short (``--max-requests``): the whole timed replay would take half an hour.
+not show (cache misses, memory bandwidth): a change that moves data rather than instructions
+needs seconds, or cachegrind's cache model (``--cache-sim=yes``, by hand). The whole timed
+replay took 7-9 minutes a side (both at once) on 2026-12-07; ``--max-requests`` shortens it.
 """
 
 from __future__ import annotations
@@ -126,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--instructions compares instructions: leave --key out")
         args.key = "instructions"
     rows = []
-    digits = 4 if args.instructions else 3  # instructions: differences of 0.1 % are real
+    # instructions: whole counts, and ratios to 4 digits (differences of 0.1 % are real)
+    shown, digits = (",.0f", 4) if args.instructions else (".3f", 3)
     with tempfile.TemporaryDirectory(prefix="kvsim-side-by-side-") as tmp:
         roots = {name: export(commit, Path(tmp) / name / "tree")
                  for name, commit in (("base", args.base), ("new", args.new))}
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             if not args.json:
                 print(f"round {r}: " + "; ".join(
-                    f"{name} {value(fig[name], args.key):{',.0f' if args.instructions else '.3f'}}"
+                    f"{name} {value(fig[name], args.key):{shown}}"
                     + (f" ({fig[name]['peak_rss_mib']:.1f} MiB)" if "peak_rss_mib" in fig[name] else "")
                     + (f" digest {fig[name]['calls_digest'][:8]}" if "calls_digest" in fig[name] else "")
                     for name in ("base", "new")) + f"; new/base {row['ratio']:.{digits}f}", flush=True)

@@ -10,7 +10,7 @@ from kvsim.manager import eviction
 from kvsim.manager.eviction import first_in_order, select_victims
 from kvsim.manager.pages import PageTable
 from kvsim.manager.slots import SlotAllocator
-from kvsim.manager.unique_ids import unique_ids, unique_union
+from kvsim.manager.unique_ids import unique_ids
 
 
 def table(priority, last_used, depth) -> tuple[PageTable, np.ndarray]:
@@ -73,19 +73,13 @@ def test_many_candidates_give_the_full_orders_first_pages_whether_narrowed_or_no
     assert _narrows(fooled, many) == (stride < 3)
 
 
-def test_unique_ids_and_unique_union_are_np_unique():
-    """Both give np.unique's answer: a reservoir's sorted ids merged with reported pages (with
-    repeats and ids already in it), an unsorted first part too, and empty parts."""
+def test_unique_ids_is_np_unique():
+    """np.unique's answer: reported pages with repeats, unsorted, and empty batches."""
     rng = np.random.default_rng(3)
     for _ in range(300):
-        first = rng.integers(0, 500, int(rng.integers(0, 60))).astype(np.int32)
-        more = [rng.integers(0, 500, int(rng.integers(0, 40))).astype(np.int32)
-                for _ in range(int(rng.integers(1, 4)))]
-        every = np.concatenate([first, *more])
-        for part in (np.unique(first), first):  # sorted, as a reservoir's, or not
-            got = unique_union(part, more)
-            assert got.dtype == np.int32 and got.tolist() == np.unique(every).tolist()
-        assert unique_ids(every).tolist() == np.unique(every).tolist()
+        every = rng.integers(0, 500, int(rng.integers(0, 100))).astype(np.int32)
+        got = unique_ids(every)
+        assert got.dtype == np.int32 and got.tolist() == np.unique(every).tolist()
 
 
 def test_page_rows_are_reused_and_generation_bumps():

@@ -108,3 +108,33 @@ def test_an_unreported_change_is_caught_by_the_check() -> None:
     storage.pages.last_used[page] = 0  # ... and the oldest tick, so it should go first
     with pytest.raises(AssertionError, match="eviction index"):
         storage.plan_room(0, 0, storage.allocators[0][0].num_free + 1, Plan("probe"))
+
+
+@pytest.mark.parametrize("reported", [True, False])
+def test_pages_locked_for_a_call_leave_the_reservoir_only_when_reported(reported) -> None:
+    """A selection re-checks only the pages reported since the last one: pages of the reservoir
+    that a call locks (``resume``, ``prefetch``) must be reported with ``Storage.locked`` before
+    the call makes room. Reported, none of them is chosen and the selection agrees with a full
+    scan; not reported, the index still offers them and the check says so."""
+    mgr = KVCacheManager(small_config(gpu_pages=16, host_pages=32))
+    a = mgr.create_kv_cache(input_tokens=tokens(0, 40))
+    assert a.resume() and a.resize(40)
+    a.commit(tokens(0, 40))
+    a.suspend()  # 10 committed pages, held by a suspended cache: evictable
+    b = mgr.create_kv_cache(input_tokens=tokens(500, 8))
+    assert b.resume() and b.resize(8)
+    b.commit(tokens(500, 8))
+    b.suspend()  # 2 more, used after a's: they go after a's
+    storage = mgr.storage
+    storage.plan_room(0, 0, storage.allocators[0][0].num_free + 1, Plan("probe"))  # builds
+    ours = a.held_pages()
+    oldest = storage.plan_room(0, 0, storage.allocators[0][0].num_free + 1, Plan("probe"))
+    assert int(oldest[0].victims[0]) in ours.tolist()  # the reservoir offers a's pages
+    storage.pages.lockers[ours] += 1
+    if reported:
+        storage.locked(ours)
+        steps = storage.plan_room(0, 0, storage.allocators[0][0].num_free + 1, Plan("probe"))
+        assert set(steps[-1].victims.tolist()) <= set(b.held_pages().tolist())
+    else:
+        with pytest.raises(AssertionError, match="eviction index"):
+            storage.plan_room(0, 0, storage.allocators[0][0].num_free + 1, Plan("probe"))

@@ -11,6 +11,16 @@ among (reservoir + reported pages, re-checked and re-keyed now) that rank within
 as there are ``n`` of them; otherwise the reservoir is rebuilt from a full scan. Selection results
 are exactly those of the full scan (``Storage.check_eviction_index`` asserts it in the tests).
 
+The reservoir is kept in eviction order with each page's key, and only the reported pages are
+re-checked and re-keyed: a page of the reservoir that nobody reported is as it was when it was
+keyed. That holds because every change of a page's evictability (its holders, lockers, node or
+level) or of its key (priority, LRU tick, depth) while it could be a candidate is reported: the
+storage's discipline (:meth:`kvsim.manager.storage.Storage.changed`), which the evictable counts
+rely on too. A locked page's LRU tick may change unreported (an ACTIVE cache's commits); it is not
+a candidate, and whatever unlocks it reports it. What a selection counts as ranked (the pages it
+would re-check were it to re-check the whole reservoir: the CPU model prices them) is the same
+either way.
+
 The index is derived data: it never changes the manager's state and may be dropped at any time.
 """
 
@@ -22,7 +32,7 @@ from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.eviction import eviction_keys, first_in_order
 from kvsim.manager.pages import PageTable
 from kvsim.manager.slots import SlotAllocator
-from kvsim.manager.unique_ids import unique_union
+from kvsim.manager.unique_ids import unique_ids
 
 RESERVOIR_PAGES = 4096
 # A reservoir whose reported pages pile up past this many is dropped (rebuilt on next use): by
@@ -31,15 +41,23 @@ MAX_PENDING_PAGES = 65536
 
 
 class _Reservoir:
-    __slots__ = ("ids", "bound_key", "bound_id", "complete", "pending", "pending_pages")
+    """One (level, pool group)'s candidates in eviction order: ``ids`` (int32) with their
+    ``keys``, sorted by (key, page id); ``member`` flags them by page id."""
 
-    def __init__(self, ids: np.ndarray, bound_key: int, bound_id: int, complete: bool) -> None:
+    __slots__ = ("ids", "keys", "member", "bound_key", "bound_id", "complete", "pending",
+                 "pending_pages")
+
+    def __init__(self, ids: np.ndarray, keys: np.ndarray, capacity: int, bound_key: int,
+                 bound_id: int, complete: bool) -> None:
         self.ids = ids
+        self.keys = keys
+        self.member = np.zeros(capacity, dtype=bool)
+        self.member[ids] = True
         self.bound_key = bound_key
         self.bound_id = bound_id
         self.complete = complete  # every evictable page was in it when built: no bound
         self.pending: list[np.ndarray] = []
-        self.pending_pages = 0
+        self.pending_pages = 0  # the reported pages that count towards MAX_PENDING_PAGES
 
 
 class EvictionIndex:
@@ -53,16 +71,19 @@ class EvictionIndex:
         # With the storage's evictable counts, a rebuild takes the evictable pages from their
         # cells (in page id order: the gathers that rank them run in memory order) instead of
         # scanning the level, 2-3x cheaper on a level of 100K-300K pages, and a selection
-        # re-checks its candidates with one gather of their cells instead of seven of the page
-        # table: the same pages, as long as every change is reported (the counts' discipline).
+        # re-checks the reported pages with one gather of their cells instead of seven of the
+        # page table: the same pages, as long as every change is reported (the counts'
+        # discipline).
         self.counts = counts
         self._reservoirs: dict[tuple[int, int], _Reservoir] = {}
         self.selections = 0  # select() calls
         self.rebuilds = 0  # of which answered by a full scan
 
-    def changed(self, ids: np.ndarray | list[int], copy: bool = True) -> None:
+    def changed(self, ids: np.ndarray | list[int], copy: bool = True, counted: bool = True) -> None:
         """Report pages whose evictability, level or eviction key may have changed (``copy``
-        False: ``ids`` is a 1-D int32 array nobody writes again)."""
+        False: ``ids`` is a 1-D int32 array nobody writes again). ``counted`` False: pages
+        reported again soon (locked for a call that reports them when it is done), which do
+        not count towards dropping a reservoir."""
         if not self._reservoirs:
             return
         if copy:
@@ -71,9 +92,10 @@ class EvictionIndex:
             return
         for where, res in list(self._reservoirs.items()):
             res.pending.append(ids)
-            res.pending_pages += ids.size
-            if res.pending_pages > MAX_PENDING_PAGES:
-                del self._reservoirs[where]
+            if counted:
+                res.pending_pages += ids.size
+                if res.pending_pages > MAX_PENDING_PAGES:
+                    del self._reservoirs[where]
 
     def clear(self) -> None:
         self._reservoirs.clear()
@@ -88,28 +110,46 @@ class EvictionIndex:
 
         Returns ``(victims, evictable, ranked)``: ``victims`` is None when fewer than ``n`` pages
         are evictable, ``evictable`` is then their exact number (otherwise a lower bound, at
-        least ``n``), and ``ranked`` is how many pages were ranked to decide.
+        least ``n``), and ``ranked`` is how many pages were ranked to decide (the reservoir and
+        the reported pages that are candidates now).
         """
         self.selections += 1
         res = self._reservoirs.get((level, group))
         if res is not None:
-            cand = res.ids
-            if res.pending:
-                cand = unique_union(cand, res.pending)  # ids: sorted, but for a scanned one
-                res.pending, res.pending_pages = [], 0
-            # Re-checked even without reports: the reservoir itself need not be reported to.
-            cand = cand[self._here(cand, level, group)]
-            keys = eviction_keys(self.pages, cand)
-            ranked = int(cand.size)
-            if not res.complete:
-                inside = (keys < res.bound_key) | ((keys == res.bound_key) & (cand <= res.bound_id))
-                cand, keys = cand[inside], keys[inside]
-            res.ids = cand
-            if cand.size >= n:
-                return first_in_order(cand, keys, n), int(cand.size), ranked
+            ranked = self._merge_reported(res, level, group) if res.pending else res.ids.size
+            size = res.ids.size
+            if size >= n:
+                return res.ids[:n].copy(), size, ranked
             if res.complete:
-                return None, int(cand.size), ranked
+                return None, size, ranked
         return self._rebuild(level, group, n)
+
+    def _merge_reported(self, res: _Reservoir, level: int, group: int) -> int:
+        """Re-check and re-key the pages reported since the last selection and put those that
+        rank within the bound into the reservoir, in order. Returns the candidates ranked."""
+        pending = res.pending
+        reported = unique_ids(np.concatenate(pending) if len(pending) > 1 else pending[0])
+        res.pending, res.pending_pages = [], 0
+        member = res.member
+        if member.size < self.pages.capacity:  # the page table grew
+            member = res.member = np.concatenate(
+                [member, np.zeros(self.pages.capacity - member.size, dtype=bool)])
+        out = reported[member.take(reported)]
+        if out.size:  # they leave, and come back below if they still rank within the bound
+            member[out] = False
+            kept = member.take(res.ids)
+            res.ids, res.keys = res.ids[kept], res.keys[kept]
+        here = reported[self._here(reported, level, group)]
+        ranked = res.ids.size + here.size
+        if here.size:
+            keys = eviction_keys(self.pages, here)
+            if not res.complete:
+                inside = (keys < res.bound_key) | ((keys == res.bound_key) &
+                                                   (here <= res.bound_id))
+                here, keys = here[inside], keys[inside]
+            if here.size:
+                _insert(res, here, keys)
+        return ranked
 
     def _here(self, ids: np.ndarray, level: int, group: int) -> np.ndarray:
         """Which of ``ids`` are live pages of ``(level, group)`` that may be evicted now."""
@@ -126,14 +166,33 @@ class EvictionIndex:
         keys = eviction_keys(self.pages, cand)
         ranked = int(cand.size)
         size = max(RESERVOIR_PAGES, 2 * n)
+        capacity = self.pages.capacity
         if cand.size <= size:
-            self._reservoirs[(level, group)] = _Reservoir(cand, 0, 0, complete=True)
+            order = np.lexsort((cand, keys))
+            cand, keys = cand[order], keys[order]
+            self._reservoirs[(level, group)] = _Reservoir(cand, keys, capacity, 0, 0,
+                                                          complete=True)
             if cand.size < n:
                 return None, ranked, ranked
-            return first_in_order(cand, keys, n), ranked, ranked
+            return cand[:n].copy(), ranked, ranked
         kept = first_in_order(cand, keys, size)  # in eviction order: the last one is the bound
-        last = int(kept[-1])
-        bound_key = int(eviction_keys(self.pages, kept[-1:])[0])
-        self._reservoirs[(level, group)] = _Reservoir(np.sort(kept), bound_key, last,
+        kept_keys = eviction_keys(self.pages, kept)
+        self._reservoirs[(level, group)] = _Reservoir(kept, kept_keys, capacity,
+                                                      int(kept_keys[-1]), int(kept[-1]),
                                                       complete=False)
-        return kept[:n], ranked, ranked
+        return kept[:n].copy(), ranked, ranked
+
+
+def _insert(res: _Reservoir, ids: np.ndarray, keys: np.ndarray) -> None:
+    """Put pages ``ids`` (none of them in the reservoir) with their ``keys`` into ``res``'s
+    (key, page id) order."""
+    order = np.lexsort((ids, keys))
+    ids, keys = ids[order], keys[order]
+    at = np.searchsorted(res.keys, keys, side="left")
+    end = np.searchsorted(res.keys, keys, side="right")
+    for i in (end > at).nonzero()[0].tolist():  # equal keys (rare): the page ids decide
+        lo = int(at[i])
+        at[i] = lo + int(np.searchsorted(res.ids[lo:end[i]], ids[i]))
+    res.ids = np.insert(res.ids, at, ids)
+    res.keys = np.insert(res.keys, at, keys)
+    res.member[ids] = True

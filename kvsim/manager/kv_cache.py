@@ -212,9 +212,9 @@ class KvCache:
                           for lc in m.layout.life_cycles}
         ours = self.active_pages()
         p.lockers[ours] += 1  # locked pages are never eviction candidates
-        # The eviction index re-checks its candidates when it selects; the evictable counts are
-        # read by statistics commits inside this call, so they hear of it now.
-        storage.counts.changed(ours)
+        # Locked pages stop being candidates for the room this call makes, and the evictable
+        # counts are read by statistics commits inside it: both hear of it now.
+        storage.locked(ours)
         onboard = ours[p.level[ours] > 0]
         steps: list[EvictionStep] = []
         try:
@@ -265,7 +265,7 @@ class KvCache:
         ours = self.active_pages()
         # Held for the call's duration: none of our pages may be chosen to make room.
         p.lockers[ours] += 1
-        storage.counts.changed(ours)
+        storage.locked(ours)
         colder = ours[p.level[ours] > target]
         steps: list[EvictionStep] = []
         try:

@@ -89,6 +89,14 @@ class Storage:
         self.index.changed(ids, copy=False)
         self.counts.changed(ids, copy=False)
 
+    def locked(self, ids: np.ndarray) -> None:
+        """Report pages a call has just locked and will report with :meth:`changed` before it
+        returns (``resume``, ``prefetch``): they stop being candidates for the room it makes
+        meanwhile."""
+        ids = np.array(ids, dtype=np.int32).ravel()
+        self.index.changed(ids, copy=False, counted=False)
+        self.counts.changed(ids, copy=False)
+
     def block_stats(self) -> np.ndarray:
         """(levels, pool groups, 3): available, unavailable and evictable blocks per cell."""
         out = np.zeros((self.layout.num_levels, self.layout.num_pool_groups, 3), dtype=np.int64)

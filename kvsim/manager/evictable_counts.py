@@ -17,7 +17,6 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.manager.pages import PageTable
-from kvsim.manager.unique_ids import unique_ids
 
 
 class EvictableCounts:
@@ -31,6 +30,8 @@ class EvictableCounts:
         self.last_level = last_level
         self.counts = np.zeros(num_levels * num_groups, dtype=np.int64)
         self.cell = np.full(pages.capacity, -1, dtype=np.int32)
+        # scratch for _flush: each row's last position in the batch being flushed
+        self._last_at = np.zeros(pages.capacity, dtype=np.intp)
         self._pending: list[np.ndarray] = []
 
     def changed(self, ids: np.ndarray | list[int], copy: bool = True) -> None:
@@ -54,13 +55,18 @@ class EvictableCounts:
             grown = np.full(p.capacity, -1, dtype=np.int32)
             grown[:self.cell.size] = self.cell
             self.cell = grown
-        ids = unique_ids(ids).astype(np.intp)  # each row once: a duplicate would count twice
+            self._last_at = np.zeros(p.capacity, dtype=np.intp)
+        ids = ids.astype(np.intp)
         levels = p.level.take(ids)
         evictable = p.evictable(ids, self.last_level) & (levels >= 0)  # freed rows: no cell
         new = np.where(evictable, levels.astype(np.int32) * self.num_groups + p.pool_group.take(ids),
                        -1)
         old = self.cell.take(ids)
-        moved = old != new
+        # Each row counted once (a duplicate would count twice): at its last position in the
+        # batch, found by a scatter and a gather rather than a sort.
+        at = np.arange(ids.size)
+        self._last_at[ids] = at
+        moved = (old != new) & (self._last_at.take(ids) == at)
         if not moved.any():
             return
         old, new = old[moved], new[moved]

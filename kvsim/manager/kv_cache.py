@@ -96,6 +96,10 @@ def _pages_of(tables) -> np.ndarray:
 class KvCache:
     """A handle on one request's cache; create it with ``KVCacheManager.create_kv_cache``."""
 
+    # A resize that only appends blocks takes the short way (_grow); tests switch it off to
+    # compare it with the general one.
+    grow_by_appending = True
+
     def __init__(self, manager: KVCacheManager, cache_id: Hashable, scope: Hashable,
                  priority_callback: PriorityCallback | None,
                  expected_prompt_length: int | None) -> None:
@@ -488,6 +492,9 @@ class KvCache:
             self._history = history
             self._refresh_generation_ready()
             return True
+        if self.grow_by_appending and new_blocks > old_blocks and not m.layout.sliding_life_cycles and \
+                all(t.size == 0 or t.min() >= 0 for t in self._pages):
+            return self._grow(capacity, history, new_blocks, old_blocks, generation, plan)
         span = max(new_blocks, old_blocks)
         ordinal = np.arange(span)
         tables: list[np.ndarray] = []
@@ -563,6 +570,40 @@ class KvCache:
                              (max(old_blocks, end), new_blocks)):
                     self._pending.record_allocation(lc.index, b, e, missed=not generation,
                                                     generation=generation)
+        self._capacity = capacity
+        self._history = history
+        self._refresh_generation_ready()
+        return True
+
+    def _grow(self, capacity: int, history: int, new_blocks: int, old_blocks: int,
+              generation: bool, plan: Plan) -> bool:
+        """:meth:`_resize` when it only appends blocks: every life cycle full attention, and a
+        page for every block so far. The same steps in the same order, on the new blocks alone
+        (a decode step's resize adds a block to thousands)."""
+        m = self._manager
+        storage = m.storage
+        p = storage.pages
+        ords = np.arange(old_blocks, new_blocks)
+        life_cycles = m.layout.life_cycles
+        priorities = [m._priorities(self.priority_callback, ords, lc, plan) for lc in life_cycles]
+        steps: list[EvictionStep] = []
+        try:
+            for pg in m.layout.pool_groups:
+                steps += storage.plan_room(0, pg.index, ords.size * len(pg.life_cycles), plan)
+        except OutOfPagesError:
+            plan.ok = False
+            return False
+        storage.apply_eviction(steps, plan, record=True)
+        record = m.stats.enabled
+        for lc in life_cycles:
+            ids = storage.allocate(0, lc.pool_group, np.full(ords.size, lc.index, dtype=np.int16),
+                                   ords, priorities[lc.index], m._now, plan)
+            p.holders[ids] = 1
+            p.lockers[ids] = 1
+            self._pages[lc.index] = np.concatenate([self._pages[lc.index], ids])
+            if record:
+                self._pending.record_allocation(lc.index, old_blocks, new_blocks,
+                                                missed=not generation, generation=generation)
         self._capacity = capacity
         self._history = history
         self._refresh_generation_ready()

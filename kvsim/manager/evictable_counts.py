@@ -31,7 +31,7 @@ class EvictableCounts:
         self.counts = np.zeros(num_levels * num_groups, dtype=np.int64)
         self.cell = np.full(pages.capacity, -1, dtype=np.int32)
         # scratch for _flush: each row's last position in the batch being flushed
-        self._last_at = np.zeros(pages.capacity, dtype=np.intp)
+        self._last_at = np.zeros(pages.capacity, dtype=np.int32)
         self._pending: list[np.ndarray] = []
 
     def changed(self, ids: np.ndarray | list[int], copy: bool = True) -> None:
@@ -55,7 +55,7 @@ class EvictableCounts:
             grown = np.full(p.capacity, -1, dtype=np.int32)
             grown[:self.cell.size] = self.cell
             self.cell = grown
-            self._last_at = np.zeros(p.capacity, dtype=np.intp)
+            self._last_at = np.zeros(p.capacity, dtype=np.int32)
         ids = ids.astype(np.intp)
         levels = p.level.take(ids)
         evictable = p.evictable(ids, self.last_level) & (levels >= 0)  # freed rows: no cell
@@ -64,7 +64,7 @@ class EvictableCounts:
         old = self.cell.take(ids)
         # Each row counted once (a duplicate would count twice): at its last position in the
         # batch, found by a scatter and a gather rather than a sort.
-        at = np.arange(ids.size)
+        at = np.arange(ids.size, dtype=np.int32)
         self._last_at[ids] = at
         moved = (old != new) & (self._last_at.take(ids) == at)
         if not moved.any():

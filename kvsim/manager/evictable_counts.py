@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.manager.pages import PageTable
+from kvsim.manager.unique_ids import last_occurrences
 
 
 class EvictableCounts:
@@ -30,7 +31,7 @@ class EvictableCounts:
         self.last_level = last_level
         self.counts = np.zeros(num_levels * num_groups, dtype=np.int64)
         self.cell = np.full(pages.capacity, -1, dtype=np.int32)
-        # scratch for _flush: each row's last position in the batch being flushed
+        # scratch for _flush (last_occurrences)
         self._last_at = np.zeros(pages.capacity, dtype=np.int32)
         self._pending: list[np.ndarray] = []
 
@@ -62,11 +63,8 @@ class EvictableCounts:
         new = np.where(evictable, levels.astype(np.int32) * self.num_groups + p.pool_group.take(ids),
                        -1)
         old = self.cell.take(ids)
-        # Each row counted once (a duplicate would count twice): at its last position in the
-        # batch, found by a scatter and a gather rather than a sort.
-        at = np.arange(ids.size, dtype=np.int32)
-        self._last_at[ids] = at
-        moved = (old != new) & (self._last_at.take(ids) == at)
+        # Each row counted once (a duplicate would count twice): at its last position.
+        moved = (old != new) & last_occurrences(ids, self._last_at)
         if not moved.any():
             return
         old, new = old[moved], new[moved]

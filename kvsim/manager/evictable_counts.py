@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.manager.pages import PageTable
-from kvsim.manager.unique_ids import last_occurrences
+from kvsim.manager.unique_ids import unique_ids
 
 
 class EvictableCounts:
@@ -31,8 +31,6 @@ class EvictableCounts:
         self.last_level = last_level
         self.counts = np.zeros(num_levels * num_groups, dtype=np.int64)
         self.cell = np.full(pages.capacity, -1, dtype=np.int32)
-        # scratch for _flush (last_occurrences)
-        self._last_at = np.zeros(pages.capacity, dtype=np.int32)
         self._pending: list[np.ndarray] = []
 
     def changed(self, ids: np.ndarray | list[int], copy: bool = True) -> None:
@@ -56,15 +54,13 @@ class EvictableCounts:
             grown = np.full(p.capacity, -1, dtype=np.int32)
             grown[:self.cell.size] = self.cell
             self.cell = grown
-            self._last_at = np.zeros(p.capacity, dtype=np.int32)
-        ids = ids.astype(np.intp)
+        ids = unique_ids(ids).astype(np.intp)  # each row once: a duplicate would count twice
         levels = p.level.take(ids)
         evictable = p.evictable(ids, self.last_level) & (levels >= 0)  # freed rows: no cell
         new = np.where(evictable, levels.astype(np.int32) * self.num_groups + p.pool_group.take(ids),
                        -1)
         old = self.cell.take(ids)
-        # Each row counted once (a duplicate would count twice): at its last position.
-        moved = (old != new) & last_occurrences(ids, self._last_at)
+        moved = old != new
         if not moved.any():
             return
         old, new = old[moved], new[moved]

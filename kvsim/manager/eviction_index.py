@@ -32,7 +32,7 @@ from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.eviction import eviction_keys, first_in_order
 from kvsim.manager.pages import PageTable
 from kvsim.manager.slots import SlotAllocator
-from kvsim.manager.unique_ids import last_occurrences
+from kvsim.manager.unique_ids import unique_ids
 
 RESERVOIR_PAGES = 4096
 # A reservoir whose reported pages pile up past this many is dropped (rebuilt on next use): by
@@ -76,7 +76,6 @@ class EvictionIndex:
         # discipline).
         self.counts = counts
         self._reservoirs: dict[tuple[int, int], _Reservoir] = {}
-        self._scratch = np.zeros(pages.capacity, dtype=np.int32)  # for last_occurrences
         self.selections = 0  # select() calls
         self.rebuilds = 0  # of which answered by a full scan
 
@@ -129,16 +128,12 @@ class EvictionIndex:
         """Re-check and re-key the pages reported since the last selection and put those that
         rank within the bound into the reservoir, in order. Returns the candidates ranked."""
         pending = res.pending
-        reported = np.concatenate(pending) if len(pending) > 1 else pending[0]
+        reported = unique_ids(np.concatenate(pending) if len(pending) > 1 else pending[0])
         res.pending, res.pending_pages = [], 0
-        capacity = self.pages.capacity
-        if self._scratch.size < capacity:  # the page table grew
-            self._scratch = np.zeros(capacity, dtype=np.int32)
-        reported = reported[last_occurrences(reported, self._scratch)]  # each page once
         member = res.member
-        if member.size < capacity:
+        if member.size < self.pages.capacity:  # the page table grew
             member = res.member = np.concatenate(
-                [member, np.zeros(capacity - member.size, dtype=bool)])
+                [member, np.zeros(self.pages.capacity - member.size, dtype=bool)])
         out = reported[member.take(reported)]
         if out.size:  # they leave, and come back below if they still rank within the bound
             member[out] = False

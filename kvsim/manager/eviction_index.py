@@ -128,7 +128,7 @@ class EvictionIndex:
         """Re-check and re-key the pages reported since the last selection and put those that
         rank within the bound into the reservoir, in order. Returns the candidates ranked."""
         pending = res.pending
-        reported = unique_ids(np.concatenate(pending) if len(pending) > 1 else pending[0])
+        reported = np.concatenate(pending) if len(pending) > 1 else pending[0]  # with repeats
         res.pending, res.pending_pages = [], 0
         member = res.member
         if member.size < self.pages.capacity:  # the page table grew
@@ -139,7 +139,8 @@ class EvictionIndex:
             member[out] = False
             kept = member.take(res.ids)
             res.ids, res.keys = res.ids[kept], res.keys[kept]
-        here = reported[self._here(reported, level, group)]
+        # Each candidate once (most reported pages are not candidates: de-duplicated after).
+        here = unique_ids(reported[self._here(reported, level, group)])
         ranked = res.ids.size + here.size
         if here.size:
             keys = eviction_keys(self.pages, here)

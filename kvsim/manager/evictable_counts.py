@@ -56,9 +56,11 @@ class EvictableCounts:
             self.cell = grown
         ids = unique_ids(ids).astype(np.intp)  # each row once: a duplicate would count twice
         levels = p.level.take(ids)
-        evictable = p.evictable(ids, self.last_level) & (levels >= 0)  # freed rows: no cell
-        new = np.where(evictable, levels.astype(np.int32) * self.num_groups + p.pool_group.take(ids),
-                       -1)
+        evictable = p.evictable(ids, self.last_level, levels) & (levels >= 0)  # freed: no cell
+        cells = levels.astype(np.int32)
+        if self.num_groups > 1:
+            cells = cells * self.num_groups + p.pool_group.take(ids)
+        new = np.where(evictable, cells, -1)
         old = self.cell.take(ids)
         moved = old != new
         if not moved.any():

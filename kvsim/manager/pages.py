@@ -95,13 +95,16 @@ class PageTable:
         return self._free_ids[: self._num_free]
 
     # -- derived status ----------------------------------------------------------------------
-    def evictable(self, ids: np.ndarray, last_level: int) -> np.ndarray:
-        """Evictable = (DROPPABLE and committed) or (HELD and not on the last level)."""
+    def evictable(self, ids: np.ndarray, last_level: int,
+                  levels: np.ndarray | None = None) -> np.ndarray:
+        """Evictable = (DROPPABLE and committed) or (HELD and not on the last level).
+        ``levels``: the rows' levels, when the caller has them already."""
         ids = ids.astype(np.intp, copy=False)  # take with native indices: the fast gather
         holders = self.holders.take(ids)
         droppable_committed = (holders == 0) & (self.node.take(ids) >= 0)
-        held = (holders > 0) & (self.lockers.take(ids) == 0) & \
-            (self.level.take(ids) != last_level)
+        if levels is None:
+            levels = self.level.take(ids)
+        held = (holders > 0) & (self.lockers.take(ids) == 0) & (levels != last_level)
         return droppable_committed | held
 
     def snapshot(self) -> dict[str, np.ndarray]:

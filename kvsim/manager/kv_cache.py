@@ -238,7 +238,9 @@ class KvCache:
             self._copy_partial(ordinal, priorities, plan)
         ours = self.active_pages()
         p.last_used[ours] = m._now
-        storage.changed(ours)
+        # The index re-keys them; the evictable counts heard of the lock (storage.locked) and
+        # of every move since (Storage.move): locked, their cells stay as they are.
+        storage.index.changed(ours)
         plan.counts.pages_touched += ours.size
         self._never_resumed = False
         self._status = CacheStatus.ACTIVE
@@ -700,13 +702,19 @@ class KvCache:
             if fresh:
                 rows = page_table[i:]  # the new blocks' pages
                 tail = m.tree.add_chain(root, tail, raw, i, fresh, rows.tolist())
-                node_ids = np.arange(tail.node_id - fresh + 1, tail.node_id + 1, dtype=np.int32)
                 node_of_page = m.storage.pages.node
                 # Not reported to the eviction index: these pages are the ACTIVE cache's, locked
                 # (pages held aside are reported below, when they are released).
-                for pages in rows.T:  # one life cycle's pages at a time
-                    has = pages != NO_PAGE
-                    node_of_page[pages[has]] = node_ids[has]
+                if fresh == 1:  # a decode step's block: no arrays for one row
+                    for page in rows[0].tolist():
+                        if page != NO_PAGE:
+                            node_of_page[page] = tail.node_id
+                else:
+                    node_ids = np.arange(tail.node_id - fresh + 1, tail.node_id + 1,
+                                         dtype=np.int32)
+                    for pages in rows.T:  # one life cycle's pages at a time
+                        has = pages != NO_PAGE
+                        node_of_page[pages[has]] = node_ids[has]
                 c = plan.counts  # _commit_block counted its own blocks
                 c.blocks_hashed += fresh
                 c.tree_nodes_visited += fresh

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 from kvsim.errors import KvsimError
 from kvsim.manager.plan import Plan
 
+_new = tuple.__new__  # a named tuple made without its generated __new__ (a Python frame)
+
 
 class Outcome(NamedTuple):
     """What one call returned (``value``), what it did (``plan``), and how it failed."""
@@ -86,7 +88,7 @@ class PublicCall:
         except KvsimError as e:
             plan.ok = False
             return Outcome(None, plan, e)
-        return Outcome(value, plan)
+        return _new(Outcome, (value, plan, None))  # Outcome(value, plan), without its __new__
 
 
 # The name of every public call defined (the manager's modules define them on import): what a

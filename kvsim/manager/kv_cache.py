@@ -486,15 +486,16 @@ class KvCache:
         generation = self._generation_ready and capacity > self._capacity
         new_blocks = math.ceil(capacity / tpb)
         old_blocks = self._pages[0].size if self._pages else 0
-        if new_blocks == old_blocks and all(
+        sliding = m.layout.sliding_life_cycles
+        if new_blocks == old_blocks and (not sliding or all(
                 lc.stale_range(history, tpb) == lc.stale_range(self._history, tpb)
-                for lc in m.layout.sliding_life_cycles):
+                for lc in sliding)):
             # Nothing to allocate or release (KVCM2's _shortcut_set_capacity/history_length).
             self._capacity = capacity
             self._history = history
             self._refresh_generation_ready()
             return True
-        if self.grow_by_appending and new_blocks > old_blocks and not m.layout.sliding_life_cycles and \
+        if self.grow_by_appending and new_blocks > old_blocks and not sliding and \
                 all(t.size == 0 or t.min() >= 0 for t in self._pages):
             return self._grow(capacity, history, new_blocks, old_blocks, generation, plan)
         span = max(new_blocks, old_blocks)

@@ -138,19 +138,14 @@ class CpuCostModel:
         object.__setattr__(self, "_priced_counts",
                            operator.attrgetter(*(u for u, _ in priced)) if priced else None)
 
-    def _counts_of(self, counts: WorkCounts) -> tuple:
-        get = self._priced_counts
-        if get is None:
-            return ()
-        values = get(counts)
-        return values if len(self._priced) > 1 else (values,)
-
     def price(self, counts: WorkCounts, api: str | None = None) -> tuple[float, dict[str, float]]:
         """:meth:`seconds` and :meth:`terms_us` of one call, in one pass (an executor asks for
         both on every call)."""
-        total = self.call_us(api)
+        total = self.api_call_us.get(api, self.per_call_us) if api else self.per_call_us  # call_us
         terms = {"per_call": total}
-        for (unit, cost), n in zip(self._priced, self._counts_of(counts)):
+        get = self._priced_counts
+        values = () if get is None else get(counts) if len(self._priced) > 1 else (get(counts),)
+        for (unit, cost), n in zip(self._priced, values):
             total += cost * n
             if n:
                 terms[unit] = cost * n

@@ -24,6 +24,10 @@ class LockMode(Enum):
     SHARED = "shared"
     NONE = "none"
 
+    # Members are singletons compared by identity: hashed by identity too, in C (Enum's own
+    # __hash__ is a Python function, and MODE_VALUE is read twice a call).
+    __hash__ = object.__hash__
+
 
 # A member's .value goes through a descriptor (slow in the lock's hot paths): each mode's string,
 # as Acquisition and CallRecord hold it, read once.

@@ -52,8 +52,9 @@ class LockHolds:
                 f"shared ({kind}); the real lock would hang here")
         self.log.append(acq)
         if mode is LockMode.EXCLUSIVE:
-            acq.pending_readers = {id(a) for t in self.readers for a in self._held[t]}
-            if not acq.pending_readers:
+            if self.readers:
+                acq.pending_readers = {id(a) for t in self.readers for a in self._held[t]}
+            else:
                 acq.drained_at = now
         return acq
 

@@ -191,6 +191,10 @@ class CallLog:
 
 
 Effect = Any
+# An effect made without its class's __new__ (a Python function that named tuples generate):
+# ``_new(EnterBinding, (thread, api))`` is EnterBinding(thread, api) with every field given,
+# ~1,500 instructions less, ten times a call.
+_new = tuple.__new__
 
 
 def call_steps(log: CallLog, thread: str, call: Call) -> Generator[Effect, Any, None]:
@@ -198,21 +202,21 @@ def call_steps(log: CallLog, thread: str, call: Call) -> Generator[Effect, Any, 
     api, mode, label = call.api, call.api.mode, call.api.label
     rec = log.new_record(thread, call)
     first = log.first_call(thread)
-    yield EnterBinding(thread, api)
+    yield _new(EnterBinding, (thread, api))
     if mode is not LockMode.NONE:
         if log.nudges:
-            yield Nudge(thread)
+            yield _new(Nudge, (thread,))
         rec.lock_requested = log.now()
-        hazard = yield AcquireLock(thread, mode, label)
+        hazard = yield _new(AcquireLock, (thread, mode, label))
         if hazard is not None:
             rec.ok, rec.error, rec.end = False, f"LockHazardError: {hazard}", log.now()
-            yield LeaveBinding(thread, label, abandoned=True)
+            yield _new(LeaveBinding, (thread, label, True))
             return
         rec.lock_granted = log.now()
     check = None
     if log.check_lock_discipline:
         check = DisciplineCheck(log.manager, log.lock.owner != thread, log.digests)
-    outcome, measured_s = yield Invoke(call)
+    outcome, measured_s = yield _new(Invoke, (call,))
     if check is not None:
         found = check.violation(rec, "shared" if thread in log.lock.readers else "no", log.now())
         if found:
@@ -231,19 +235,19 @@ def call_steps(log: CallLog, thread: str, call: Call) -> Generator[Effect, Any, 
     rec.work = counts
     callbacks = counts.callback_calls + counts.events_emitted
     if callbacks:
-        yield Callbacks(thread, callbacks, label)
-    rec.cpu_s, rec.cpu_terms_us = yield SpendCpu(thread, counts, measured_s, first, label)
+        yield _new(Callbacks, (thread, callbacks, label))
+    rec.cpu_s, rec.cpu_terms_us = yield _new(SpendCpu, (thread, counts, measured_s, first, label))
     copies = list(plan.copies)
-    handles, rec.submit_s = yield SubmitCopies(thread, copies, first, label)
+    handles, rec.submit_s = yield _new(SubmitCopies, (thread, copies, first, label))
     account_copies(rec, copies, counts)
     if mode is LockMode.EXCLUSIVE and log.check_invariants:
         log.violations += invariant_violations(log.manager, rec, log.now())
     if mode is not LockMode.NONE:
-        yield ReleaseLock(thread)
+        yield _new(ReleaseLock, (thread,))
         rec.lock_released = log.now()
     if handles:
-        yield WaitCopies(thread, rec, handles, log.wait_for_copies)
-    yield LeaveBinding(thread, label)
+        yield _new(WaitCopies, (thread, rec, handles, log.wait_for_copies))
+    yield _new(LeaveBinding, (thread, label, False))
     rec.end = log.now()
     if log.recorder is not None:
         log.recorder(call, thread, rec)
@@ -262,13 +266,13 @@ def thread_steps(log: CallLog, name: str, steps: Iterator[Step]) -> Generator[Ef
         if isinstance(step, Call):
             yield from call_steps(log, name, step)
         elif isinstance(step, Sleep):
-            yield SleepFor(name, step.seconds)
+            yield _new(SleepFor, (name, step.seconds))
         elif isinstance(step, Until):
-            yield SleepUntil(name, step.time)
+            yield _new(SleepUntil, (name, step.time))
         elif isinstance(step, Now):
-            value = yield ReadClock(name)
+            value = yield _new(ReadClock, (name,))
         elif isinstance(step, GpuWork):
-            value = yield Compute(name, step)
+            value = yield _new(Compute, (name, step))
         else:
             raise TypeError(f"unknown workload step {step!r}")
 

@@ -235,7 +235,7 @@ class SimExecutor:
         """``result`` after ``seconds`` of modelled delay (as :meth:`_wait`): at once, or a
         :class:`_Rest` that waits for a timeout first."""
         if seconds:
-            seconds = self._jittered(seconds)
+            seconds = self._jittered(seconds) if self._rng is not None else max(seconds, 0.0)
             if not self.env.fast_forward(seconds):
                 return _Rest(self._timeout_then(seconds, result))
         return result
@@ -248,19 +248,14 @@ class SimExecutor:
         """Whether ``thread`` holds the GIL now without an event: it held it already, or the
         free GIL is granted as acquire would grant it (:meth:`CountingEnvironment.succeed_now`)."""
         gil = self.gil
-        if gil.holds(thread):
-            return True
-        if gil.is_free() and self.env.succeed_now():
-            gil.take_free(thread)
-            return True
-        return False
+        return gil.owner == thread or gil.take_if_free(thread)
 
     def _python_at_once(self, thread: str, api: str):
         """Half the binding's Python cost (as :meth:`_python`): at once, or a :class:`_Rest`."""
         seconds = self._binding_python_s(thread)
         if not self._gil_at_once(thread):
             return _Rest(self._python(thread, seconds, api))
-        return self._host_delay(self._stretched(thread, seconds))
+        return self._host_delay(self._stretched(thread, seconds) if self._cold else seconds)
 
     def _enter_at_once(self, e: pipeline.EnterBinding):
         got = self._python_at_once(e.thread, e.api.label)
@@ -422,7 +417,8 @@ class SimExecutor:
         slow = self.cpu.first_call_factor if e.first_call else 1.0
         method = Api.named(e.api).plan_api if self.cpu.api_call_us else None
         seconds, terms = self.cpu.price(e.counts, method)
-        return seconds * slow * self._spread(), terms
+        spread = self.cpu.call_cpu_spread  # (as _spread, inline: every call)
+        return seconds * slow * (self._draw(spread, 11) if spread else 1.0), terms
 
     def _do_cpu(self, e: pipeline.SpendCpu):
         seconds, terms = self._call_cpu_s(e)

@@ -78,15 +78,12 @@ class Gil:
     def waiting_threads(self) -> list[str]:
         return [t for t, _ in self._waiting]
 
-    def holds(self, thread: str) -> bool:
-        return self.owner == thread
-
     def _workers_waiting(self) -> list[str]:
         return [t for t, _ in self._waiting if t != self.starter]
 
     def _grant(self, thread: str) -> None:
         self.owner, self.depth = thread, 1
-        self._granted_at = self.env.now
+        self._granted_at = self.env._now  # (SimPy's now, without its property: twice a call)
         self.acquisitions += 1
         self._drop = None  # a fresh request per hold
         if self.handover is not None and self._workers_waiting():
@@ -96,13 +93,14 @@ class Gil:
         """Nobody holds the GIL and nobody waits for it."""
         return self.owner is None and not self._waiting
 
-    def take_free(self, thread: str) -> None:
-        """Grant the free GIL (:meth:`is_free`) to ``thread`` as :meth:`acquire` would at once,
-        without an event: for a caller that knows the event would have been processed on the
-        spot (``CountingEnvironment.succeed_now``)."""
-        if not self.is_free():
-            raise RuntimeError(f"take_free({thread!r}): the GIL is not free")
-        self._grant(thread)
+    def take_if_free(self, thread: str) -> bool:
+        """Grant the GIL to ``thread`` without an event, as :meth:`acquire` would at once, when
+        it is free (:meth:`is_free`) and the environment would process the grant on the spot
+        (``CountingEnvironment.succeed_now``); whether it did."""
+        if self.owner is None and not self._waiting and self.env.succeed_now():
+            self._grant(thread)
+            return True
+        return False
 
     def acquire(self, thread: str) -> simpy.Event:
         event = self.env.event()
@@ -192,7 +190,7 @@ class Gil:
         if self.depth:
             return
         self.owner = None
-        self.hold_log.append((thread, self._granted_at, self.env.now))
+        self.hold_log.append((thread, self._granted_at, self.env._now))
         if self._waiting:
             nxt, event = self._waiting.popleft() if self._rng is None else self._pick_waiter()
             self._grant(nxt)

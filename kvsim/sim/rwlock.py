@@ -89,12 +89,14 @@ class ReentrantSharedMutex(LockHolds):
         """Grant a request :meth:`free_for` allows, without an event: what :meth:`acquire`
         records, for a caller that knows its event would have been processed at once
         (:meth:`~kvsim.sim.environment.CountingEnvironment.succeed_now`)."""
-        acq = self._request(thread, mode, api, self.env.now)
-        self._grant(acq, self.env.now, ())
+        now = self.env._now  # (SimPy's now, without its property)
+        acq = self._request(thread, mode, api, now)
+        self._grant(acq, now, ())
         return acq
 
     def release(self, thread: str) -> None:
-        self._release(thread, self.env.now, self._waiting_acquisitions())
+        self._release(thread, self.env._now,
+                      self._waiting_acquisitions() if self._waiting else ())
         if self.recheck:
             self._wake_all()
         else:

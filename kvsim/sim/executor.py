@@ -253,7 +253,8 @@ class SimExecutor:
     def _python_at_once(self, thread: str, api: str):
         """Half the binding's Python cost (as :meth:`_python`): at once, or a :class:`_Rest`."""
         seconds = self._binding_python_s(thread)
-        if not self._gil_at_once(thread):
+        gil = self.gil
+        if gil.owner != thread and not gil.take_if_free(thread):  # (_gil_at_once, inline)
             return _Rest(self._python(thread, seconds, api))
         return self._host_delay(self._stretched(thread, seconds) if self._cold else seconds)
 

@@ -4,7 +4,7 @@ In a cache-only replay (:mod:`kvsim.replay.cache_only`) requests run one after a
 level, with one full-attention life cycle and one priority for every block. The manager's state
 between two requests is then only the set of committed blocks and the LRU tick of each block's
 last use, and each of its calls comes down to the rules below, kept here in dictionaries, sorted
-lists and a heap, with the manager's own block keys (SHA-256 chains over the tokens,
+lists and an ordered dictionary, with the manager's own block keys (SHA-256 chains over the tokens,
 :func:`kvsim.manager.radix_tree.block_key`). The same trace, capacity and block size give the
 same reused tokens, oversized requests and dropped blocks as the replay through the manager
 (``tests/test_replay_cache.py`` compares the two on the shipped traces at many capacities and
@@ -33,16 +33,12 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import heapq
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvsim.manager.key_chains import chain_keys
 from kvsim.traces.mooncake import MooncakeTrace, tokens_for
-
-# The heap keeps stale entries (blocks used again or gone) until they surface; past this many
-# more entries than blocks it is rebuilt from the live blocks.
-_HEAP_SLACK = 65536
 
 
 class OutOfRoom(RuntimeError):
@@ -65,7 +61,6 @@ class BlockLru:
         self.tokens_per_block = tokens_per_block
         self.width = 4 * tokens_per_block  # bytes of a full block (uint32 tokens)
         self.tick: dict[bytes, int] = {}  # key -> tick of last use; the stored blocks
-        self.depth: dict[bytes, int] = {}
         self.parent: dict[bytes, bytes] = {}  # b"" above the first block
         self.raw: dict[bytes, bytes] = {}
         self.kids: dict[bytes, set[bytes]] = {}
@@ -75,13 +70,15 @@ class BlockLru:
         # sits just before it. Bisects instead of scans of a busy parent.
         self.fulls: dict[bytes, list[bytes]] = {}
         self.partials: dict[bytes, list[bytes]] = {}
-        self.heap: list[tuple[int, int, bytes]] = []  # (tick, -depth, key); stale ones skipped
+        # The released blocks in eviction order, next victim first: (tick, deeper first). A
+        # release appends its blocks, deepest first: they share its tick, one per depth (see
+        # the module docstring), so appending keeps the order without comparing.
+        self.order: OrderedDict[bytes, None] = OrderedDict()
         self.used = 0  # slots taken: stored blocks and the current request's uncommitted pages
 
     # -- blocks ------------------------------------------------------------------------------
-    def _add(self, key: bytes, parent: bytes, raw: bytes, depth: int) -> None:
+    def _add(self, key: bytes, parent: bytes, raw: bytes) -> None:
         self.tick[key] = -1  # stamped at close
-        self.depth[key] = depth
         self.parent[key] = parent
         self.raw[key] = raw
         self.kids.setdefault(parent, set()).add(key)
@@ -97,7 +94,8 @@ class BlockLru:
         for k in reversed(below):
             raw = self.raw.pop(k)
             parent = self.parent.pop(k)
-            del self.tick[k], self.depth[k]
+            del self.tick[k]
+            self.order.pop(k, None)
             siblings = self.kids.get(parent)
             if siblings is not None:  # a removed parent's set went first
                 siblings.discard(k)
@@ -106,30 +104,22 @@ class BlockLru:
             self.used -= 1
 
     def _stamp(self, key: bytes, tick: int) -> None:
+        """Release ``key`` at ``tick`` (the newest tick so far): last in eviction order."""
         self.tick[key] = tick
-        heapq.heappush(self.heap, (tick, -self.depth[key], key))
+        self.order[key] = None
+        self.order.move_to_end(key)
 
     def _evict(self, n: int, held: set[bytes]) -> None:
         """Evict ``n`` blocks in eviction order, none of ``held``."""
-        heap, ticks = self.heap, self.tick
-        if len(heap) > 2 * len(ticks) + _HEAP_SLACK:
-            self.heap = heap = [(t, -self.depth[k], k) for k, t in ticks.items() if t >= 0]
-            heapq.heapify(heap)
-        skipped = []
+        order = self.order
         while n:
-            if not heap:
+            for key in order:  # the first not held (held blocks are few)
+                if key not in held:
+                    break
+            else:
                 raise OutOfRoom(f"{n} more blocks to evict, none evictable")
-            entry = heapq.heappop(heap)
-            tick, _, key = entry
-            if ticks.get(key) != tick:
-                continue  # stale: used again since, or gone
-            if key in held:
-                skipped.append(entry)
-                continue
             self._remove(key)
             n -= 1
-        for entry in skipped:
-            heapq.heappush(heap, entry)
 
     def _drop_covered(self, parent: bytes, raw: bytes) -> None:
         """A new block of ``raw`` replaces the shorter partial sibling it starts with, if any."""
@@ -182,7 +172,7 @@ class BlockLru:
         for b in range(k, n_full):  # commit
             block = raw[b * width:(b + 1) * width]
             self._drop_covered(parent, block)
-            self._add(keys[b], parent, block, b)
+            self._add(keys[b], parent, block)
             parent = keys[b]
         mine = keys
         if tail_bytes:  # close commits the partial last block
@@ -190,12 +180,14 @@ class BlockLru:
                 self.used -= 1  # not stored: its page is freed
             else:
                 self._drop_covered(parent, tail)
-                self._add(tail_key, parent, tail, n_full)
+                self._add(tail_key, parent, tail)
                 mine = [*keys, tail_key]
-        depth, heap, push = self.depth, self.heap, heapq.heappush
-        for key in mine:  # close releases the request's blocks (flat: the hot loop)
-            stored[key] = tick + 1
-            push(heap, (tick + 1, -depth[key], key))
+        order, last = self.order, self.order.move_to_end
+        closed = tick + 1
+        for key in reversed(mine):  # close releases the request's blocks, deepest first (flat)
+            stored[key] = closed
+            order[key] = None
+            last(key)
         if self.used != len(stored):
             raise AssertionError(f"{self.used} slots used by {len(stored)} stored blocks")
         return reused, dropped

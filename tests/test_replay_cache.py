@@ -165,7 +165,7 @@ def test_the_block_lru_drops_a_block_with_everything_below_it():
     other = np.array([0, 1, 7, 8], dtype="<u4").tobytes()  # shares the first two blocks
     assert lru.request(other, 2, probe_only=False) == (2, 0)
     assert lru.used == len(lru.tick) == 3002
-    first = next(k for k, parent in lru.parent.items() if parent == b"")  # the top block
+    first = next(b for b, parent in lru.parent.items() if parent == 0)  # the top block
     lru._remove(first)
     assert lru.used == len(lru.tick) == len(lru.order) == 0
     assert not any(lru.fulls.values()) and not any(lru.partials.values())

@@ -4,8 +4,8 @@ In a cache-only replay (:mod:`kvsim.replay.cache_only`) requests run one after a
 level, with one full-attention life cycle and one priority for every block. The manager's state
 between two requests is then only the set of committed blocks and the LRU tick of each block's
 last use, and each of its calls comes down to the rules below, kept here in dictionaries, sorted
-lists and an ordered dictionary, with the manager's own block keys (SHA-256 chains over the tokens,
-:func:`kvsim.manager.radix_tree.block_key`). The same trace, capacity and block size give the
+lists and an ordered dictionary, each block named by its parent and its tokens as the manager's
+radix tree finds it (:mod:`kvsim.manager.radix_tree`). The same trace, capacity and block size give the
 same reused tokens, oversized requests and dropped blocks as the replay through the manager
 (``tests/test_replay_cache.py`` compares the two on the shipped traces at many capacities and
 block sizes, and on random traces made to collide), about four times faster (the whole replay of
@@ -32,12 +32,10 @@ block sizes, and on random traces made to collide), about four times faster (the
 from __future__ import annotations
 
 import bisect
-import hashlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvsim.manager.key_chains import chain_keys
 from kvsim.traces.mooncake import MooncakeTrace, tokens_for
 
 
@@ -60,76 +58,86 @@ class BlockLru:
         self.slots = slots
         self.tokens_per_block = tokens_per_block
         self.width = 4 * tokens_per_block  # bytes of a full block (uint32 tokens)
-        self.tick: dict[bytes, int] = {}  # key -> tick of last use; the stored blocks
-        self.parent: dict[bytes, bytes] = {}  # b"" above the first block
-        self.raw: dict[bytes, bytes] = {}
-        self.kids: dict[bytes, set[bytes]] = {}
-        # Per parent key, its full and its partial children's tokens, sorted: the children that
+        # A block is named by its parent and its tokens, as the manager's radix tree finds it
+        # (a SHA-256 chain key names the same block, but costs 3x a dictionary's hash of the
+        # tokens); each stored block has an id, 0 standing for no block above the first.
+        self.ids: dict[tuple[int, bytes], int] = {}  # (parent id, tokens) -> id
+        self.tick: dict[int, int] = {}  # id -> tick of last use; the stored blocks
+        self.parent: dict[int, int] = {}
+        self.raw: dict[int, bytes] = {}
+        self.kids: dict[int, set[int]] = {}
+        # Per parent id, its full and its partial children's tokens, sorted: the children that
         # start with some bytes then begin at their insertion point, and (no stored partial
         # block being a prefix of another) the one partial block that is a prefix of a block
         # sits just before it. Bisects instead of scans of a busy parent.
-        self.fulls: dict[bytes, list[bytes]] = {}
-        self.partials: dict[bytes, list[bytes]] = {}
+        self.fulls: dict[int, list[bytes]] = {}
+        self.partials: dict[int, list[bytes]] = {}
         # The released blocks in eviction order, next victim first: (tick, deeper first). A
         # release appends its blocks, deepest first: they share its tick, one per depth (see
         # the module docstring), so appending keeps the order without comparing.
-        self.order: OrderedDict[bytes, None] = OrderedDict()
+        self.order: OrderedDict[int, None] = OrderedDict()
         self.used = 0  # slots taken: stored blocks and the current request's uncommitted pages
+        self._next_id = 1
 
     # -- blocks ------------------------------------------------------------------------------
-    def _add(self, key: bytes, parent: bytes, raw: bytes) -> None:
-        self.tick[key] = -1  # stamped at close
-        self.parent[key] = parent
-        self.raw[key] = raw
-        self.kids.setdefault(parent, set()).add(key)
+    def _add(self, parent: int, raw: bytes) -> int:
+        """Store a block of tokens ``raw`` below ``parent``; returns its id."""
+        block = self._next_id
+        self._next_id += 1
+        self.ids[(parent, raw)] = block
+        self.tick[block] = -1  # stamped at close
+        self.parent[block] = parent
+        self.raw[block] = raw
+        self.kids.setdefault(parent, set()).add(block)
         siblings = self.fulls if len(raw) == self.width else self.partials
         bisect.insort(siblings.setdefault(parent, []), raw)
+        return block
 
-    def _remove(self, key: bytes) -> None:
-        """Take ``key`` and every block below it out; their slots are freed. Iterative: a
+    def _remove(self, block: int) -> None:
+        """Take ``block`` and every block below it out; their slots are freed. Iterative: a
         chain below a block can be as deep as a prompt is long."""
-        below = [key]
-        for k in below:  # grows as it goes: the subtree, parents before children
-            below.extend(self.kids.pop(k, ()))
-        for k in reversed(below):
-            raw = self.raw.pop(k)
-            parent = self.parent.pop(k)
-            del self.tick[k]
-            self.order.pop(k, None)
+        below = [block]
+        for b in below:  # grows as it goes: the subtree, parents before children
+            below.extend(self.kids.pop(b, ()))
+        for b in reversed(below):
+            raw = self.raw.pop(b)
+            parent = self.parent.pop(b)
+            del self.tick[b], self.ids[(parent, raw)]
+            self.order.pop(b, None)
             siblings = self.kids.get(parent)
             if siblings is not None:  # a removed parent's set went first
-                siblings.discard(k)
+                siblings.discard(b)
             same_kind = (self.fulls if len(raw) == self.width else self.partials)[parent]
             del same_kind[bisect.bisect_left(same_kind, raw)]
             self.used -= 1
 
-    def _stamp(self, key: bytes, tick: int) -> None:
-        """Release ``key`` at ``tick`` (the newest tick so far): last in eviction order."""
-        self.tick[key] = tick
-        self.order[key] = None
-        self.order.move_to_end(key)
+    def _stamp(self, block: int, tick: int) -> None:
+        """Release ``block`` at ``tick`` (the newest tick so far): last in eviction order."""
+        self.tick[block] = tick
+        self.order[block] = None
+        self.order.move_to_end(block)
 
-    def _evict(self, n: int, held: set[bytes]) -> None:
+    def _evict(self, n: int, held: set[int]) -> None:
         """Evict ``n`` blocks in eviction order, none of ``held``."""
         order = self.order
         while n:
-            for key in order:  # the first not held (held blocks are few)
-                if key not in held:
+            for block in order:  # the first not held (held blocks are few)
+                if block not in held:
                     break
             else:
                 raise OutOfRoom(f"{n} more blocks to evict, none evictable")
-            self._remove(key)
+            self._remove(block)
             n -= 1
 
-    def _drop_covered(self, parent: bytes, raw: bytes) -> None:
+    def _drop_covered(self, parent: int, raw: bytes) -> None:
         """A new block of ``raw`` replaces the shorter partial sibling it starts with, if any."""
         partials = self.partials.get(parent)
         if partials:
             i = bisect.bisect_right(partials, raw) - 1
             if i >= 0 and len(partials[i]) < len(raw) and raw.startswith(partials[i]):
-                self._remove(hashlib.sha256(parent + partials[i]).digest())
+                self._remove(self.ids[(parent, partials[i])])
 
-    def _covered(self, parent: bytes, raw: bytes) -> bool:
+    def _covered(self, parent: int, raw: bytes) -> bool:
         """Whether a child of ``parent`` (full or partial) starts with ``raw``."""
         for siblings in (self.fulls.get(parent, ()), self.partials.get(parent, ())):
             i = bisect.bisect_left(siblings, raw)
@@ -144,26 +152,30 @@ class BlockLru:
         Returns ``(reused tokens, blocks dropped by resize)``."""
         width = self.width
         n_full, tail_bytes = divmod(len(raw), width)
-        sha256, stored = hashlib.sha256, self.tick
-        keys = chain_keys(raw, width, n_full)
-        k = 0
-        while k < n_full and keys[k] in stored:
-            k += 1
-        parent = keys[k - 1] if k else b""
+        ids = self.ids
+        mine: list[int] = []  # the request's blocks: the leading stored ones, then its new ones
+        parent = 0
+        for b in range(n_full):  # match
+            block = ids.get((parent, raw[b * width:(b + 1) * width]))
+            if block is None:
+                break
+            mine.append(block)
+            parent = block
+        k = len(mine)
         tail = raw[n_full * width:]
-        tail_key = sha256(keys[-1] + tail if n_full else tail).digest() if tail_bytes else b""
-        partial_hit = k == n_full and bool(tail_bytes) and tail_key in stored
+        tail_block = ids.get((parent, tail)) if tail_bytes and k == n_full else None
+        partial_hit = tail_block is not None
         reused = k * self.tokens_per_block + (tail_bytes // 4 if partial_hit else 0)
         if probe_only:
             return reused, 0
-        held = set(keys[:k])
+        held = set(mine)
         if partial_hit:  # resume: a private copy of the matched partial block, then release it
-            held.add(tail_key)
+            held.add(tail_block)
             if self.used + 1 > self.slots:
                 self._evict(self.used + 1 - self.slots, held)
             self.used += 1
-            held.discard(tail_key)
-            self._stamp(tail_key, tick)
+            held.discard(tail_block)
+            self._stamp(tail_block, tick)
         wanted = n_full - k + (1 if tail_bytes and not partial_hit else 0)
         dropped = max(0, self.used + wanted - self.slots)
         if dropped:  # resize
@@ -172,22 +184,20 @@ class BlockLru:
         for b in range(k, n_full):  # commit
             block = raw[b * width:(b + 1) * width]
             self._drop_covered(parent, block)
-            self._add(keys[b], parent, block)
-            parent = keys[b]
-        mine = keys
+            parent = self._add(parent, block)
+            mine.append(parent)
         if tail_bytes:  # close commits the partial last block
             if self._covered(parent, tail):
                 self.used -= 1  # not stored: its page is freed
             else:
                 self._drop_covered(parent, tail)
-                self._add(tail_key, parent, tail)
-                mine = [*keys, tail_key]
-        order, last = self.order, self.order.move_to_end
+                mine.append(self._add(parent, tail))
+        stored, order, last = self.tick, self.order, self.order.move_to_end
         closed = tick + 1
-        for key in reversed(mine):  # close releases the request's blocks, deepest first (flat)
-            stored[key] = closed
-            order[key] = None
-            last(key)
+        for block in reversed(mine):  # close releases the request's blocks, deepest first (flat)
+            stored[block] = closed
+            order[block] = None
+            last(block)
         if self.used != len(stored):
             raise AssertionError(f"{self.used} slots used by {len(stored)} stored blocks")
         return reused, dropped

@@ -2,8 +2,10 @@
 
 A block's key is the SHA-256 of the key before it (none for the first block) and the block's
 tokens as little-endian uint32 bytes, as :func:`kvsim.manager.radix_tree.block_key` keys a
-block. The cache-only replays (:mod:`kvsim.replay`) key whole prompts with it; the manager's
-tree finds blocks by their tokens and needs no key (:mod:`kvsim.manager.radix_tree`).
+block. The cache-only replay's bound for an infinite cache
+(:func:`kvsim.replay.cache_only.max_reuse`) keys whole prompts with it; the manager's tree and the
+cache-only replay's block LRU find blocks by their parent and tokens and need no key
+(:mod:`kvsim.manager.radix_tree`, :mod:`kvsim.replay.block_lru`).
 """
 
 from __future__ import annotations

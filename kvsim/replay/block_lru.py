@@ -8,8 +8,10 @@ lists and an ordered dictionary, each block named by its parent and its tokens a
 radix tree finds it (:mod:`kvsim.manager.radix_tree`). The same trace, capacity and block size give the
 same reused tokens, oversized requests and dropped blocks as the replay through the manager
 (``tests/test_replay_cache.py`` compares the two on the shipped traces at many capacities and
-block sizes, and on random traces made to collide), about four times faster (the whole replay of
-11,979 requests at 3M tokens: 8.5 s of CPU through the manager, 2.0 s here).
+block sizes, and on random traces made to collide), several times faster (the whole replay of
+11,979 requests at 3M tokens: 8.5 s of CPU through the manager, 2.0 s here, on an earlier and
+faster host; on 2026-12-07's, 2.5-3.2 s here, after the ordered dictionary and the keys by
+tokens).
 
 * **Match** (``create_kv_cache``, ``probe_reuse``; partial reuse off): the leading full blocks
   found by key, then the prompt's partial last block if a stored partial block holds exactly its

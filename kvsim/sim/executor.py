@@ -418,7 +418,8 @@ class SimExecutor:
         slow = self.cpu.first_call_factor if e.first_call else 1.0
         method = Api.named(e.api).plan_api if self.cpu.api_call_us else None
         seconds, terms = self.cpu.price(e.counts, method)
-        spread = self.cpu.call_cpu_spread  # (as _spread, inline: every call)
+        # The host's CPU-time ratio for this call (CPU preset's call_cpu_spread), drawn per call
+        spread = self.cpu.call_cpu_spread
         return seconds * slow * (self._draw(spread, 11) if spread else 1.0), terms
 
     def _do_cpu(self, e: pipeline.SpendCpu):
@@ -533,12 +534,6 @@ class SimExecutor:
         """A sleep's extra seconds (CPU preset's sleep_overshoot_us; 0 without it)."""
         table = self.cpu.sleep_overshoot_us
         return self._draw(table, 7) * 1e-6 if table else 0.0
-
-    def _spread(self) -> float:
-        """A manager call's CPU-time ratio on the host (CPU preset's call_cpu_spread; 1
-        without it), drawn per call."""
-        table = self.cpu.call_cpu_spread
-        return self._draw(table, 11) if table else 1.0
 
     def _draw(self, table: tuple[tuple[float, float], ...], stream: int) -> float:
         """A value of a ((prob, value), ...) table at a uniform draw from the generator seeded

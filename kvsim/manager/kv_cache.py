@@ -452,8 +452,6 @@ class KvCache:
             prios = np.concatenate([priorities[int(lc)] for lc in lcs])
             new = storage.allocate(0, pg.index, lcs, np.full(lcs.size, ordinal), prios, m._now,
                                    plan)
-            p.holders[new] = 1
-            p.lockers[new] = 1
             src = np.array([self._pages[int(lc)][ordinal] for lc in lcs], dtype=np.int32)
             storage.copy_pages(src, new, pg.index, plan)
             for lc, source, page in zip(lcs.tolist(), src.tolist(), new.tolist()):
@@ -562,8 +560,6 @@ class KvCache:
                 ids = storage.allocate(
                     0, lc.pool_group, np.full(ords.size, lc.index, dtype=np.int16), ords,
                     priorities[lc.index], m._now, plan)
-                p.holders[ids] = 1
-                p.lockers[ids] = 1
                 table[ords] = ids
             self._pages[lc.index] = table
             held_ords, held_pages = kept[lc.index]
@@ -585,7 +581,6 @@ class KvCache:
         (a decode step's resize adds a block to thousands)."""
         m = self._manager
         storage = m.storage
-        p = storage.pages
         ords = np.arange(old_blocks, new_blocks)
         life_cycles = m.layout.life_cycles
         priorities = [m._priorities(self.priority_callback, ords, lc, plan) for lc in life_cycles]
@@ -601,8 +596,6 @@ class KvCache:
         for lc in life_cycles:
             ids = storage.allocate(0, lc.pool_group, np.full(ords.size, lc.index, dtype=np.int16),
                                    ords, priorities[lc.index], m._now, plan)
-            p.holders[ids] = 1
-            p.lockers[ids] = 1
             self._pages[lc.index] = np.concatenate([self._pages[lc.index], ids])
             if record:
                 self._pending.record_allocation(lc.index, old_blocks, new_blocks,

@@ -254,10 +254,13 @@ class Storage:
 
     def allocate(self, level: int, group: int, life_cycles: np.ndarray, depths: np.ndarray,
                  priorities: np.ndarray, tick: int, plan: Plan) -> np.ndarray:
-        """New pages at ``level`` (slots must be free); returns their ids."""
+        """New pages at ``level`` (slots must be free), held and locked by the one cache they
+        are allocated for; returns their ids."""
         ids = self.pages.allocate(life_cycles.size)
         slots = self.allocators[level][group].allocate(ids)
         p = self.pages
+        p.holders[ids] = 1
+        p.lockers[ids] = 1
         p.level[ids] = level
         p.slot[ids] = slots
         p.pool_group[ids] = group

@@ -81,21 +81,20 @@ class Storage:
                                  f"full scan finds {self.evictable_at(level, group).size}")
         return n
 
-    def changed(self, ids: np.ndarray | list[int]) -> None:
+    def changed(self, ids: np.ndarray | list[int], counted: bool = True) -> None:
         """Callers report every page whose holders, lockers, node, level or LRU tick they
         change (before the next read), so the eviction index and the evictable counts stay
-        exact (see :mod:`kvsim.manager.eviction_index`, :mod:`~kvsim.manager.evictable_counts`)."""
+        exact (see :mod:`kvsim.manager.eviction_index`, :mod:`~kvsim.manager.evictable_counts`).
+        ``counted``: as :meth:`EvictionIndex.changed <kvsim.manager.eviction_index.EvictionIndex.changed>`."""
         ids = np.array(ids, dtype=np.int32).ravel()  # one copy for both: callers may reuse theirs
-        self.index.changed(ids, copy=False)
+        self.index.changed(ids, copy=False, counted=counted)
         self.counts.changed(ids, copy=False)
 
     def locked(self, ids: np.ndarray) -> None:
-        """Report pages a call has just locked and will report with :meth:`changed` before it
-        returns (``resume``, ``prefetch``): they stop being candidates for the room it makes
-        meanwhile."""
-        ids = np.array(ids, dtype=np.int32).ravel()
-        self.index.changed(ids, copy=False, counted=False)
-        self.counts.changed(ids, copy=False)
+        """Report pages a call has just locked and will report again before it returns
+        (``resume``, ``prefetch``): they stop being candidates for the room it makes meanwhile,
+        without counting twice towards an eviction reservoir's drop."""
+        self.changed(ids, counted=False)
 
     def block_stats(self) -> np.ndarray:
         """(levels, pool groups, 3): available, unavailable and evictable blocks per cell."""

@@ -125,10 +125,6 @@ class CpuCostModel:
         """The factor on the host costs of the next call after sleeping ``slept_s``."""
         return _interpolate(self.after_sleep_factor, slept_s * 1e6, 1.0)
 
-    def call_us(self, api: str | None) -> float:
-        """The fixed cost of a call of the manager method ``api`` (a plan's API label)."""
-        return self.api_call_us.get(api, self.per_call_us) if api else self.per_call_us
-
     def __post_init__(self) -> None:
         # The priced units, in unit_us's order, with their count readers: a call's price sums
         # these (the same terms in the same order as over every unit, skipping zero costs),
@@ -141,7 +137,9 @@ class CpuCostModel:
     def price(self, counts: WorkCounts, api: str | None = None) -> tuple[float, dict[str, float]]:
         """:meth:`seconds` and :meth:`terms_us` of one call, in one pass (an executor asks for
         both on every call)."""
-        total = self.api_call_us.get(api, self.per_call_us) if api else self.per_call_us  # call_us
+        # the fixed cost of a call of the manager method ``api`` (a plan's API label), then
+        # the priced units
+        total = self.api_call_us.get(api, self.per_call_us) if api else self.per_call_us
         terms = {"per_call": total}
         get = self._priced_counts
         values = () if get is None else get(counts) if len(self._priced) > 1 else (get(counts),)

@@ -235,7 +235,7 @@ class SimExecutor:
         """``result`` after ``seconds`` of modelled delay (as :meth:`_wait`): at once, or a
         :class:`_Rest` that waits for a timeout first."""
         if seconds:
-            seconds = self._jittered(seconds) if self._rng is not None else max(seconds, 0.0)
+            seconds = self._jittered(seconds)
             if not self.env.fast_forward(seconds):
                 return _Rest(self._timeout_then(seconds, result))
         return result
@@ -253,10 +253,9 @@ class SimExecutor:
     def _python_at_once(self, thread: str, api: str):
         """Half the binding's Python cost (as :meth:`_python`): at once, or a :class:`_Rest`."""
         seconds = self._binding_python_s(thread)
-        gil = self.gil
-        if gil.owner != thread and not gil.take_if_free(thread):  # (_gil_at_once, inline)
+        if not self._gil_at_once(thread):
             return _Rest(self._python(thread, seconds, api))
-        return self._host_delay(self._stretched(thread, seconds) if self._cold else seconds)
+        return self._host_delay(self._stretched(thread, seconds))
 
     def _enter_at_once(self, e: pipeline.EnterBinding):
         got = self._python_at_once(e.thread, e.api.label)

@@ -97,6 +97,15 @@ class EvictionIndex:
                 if res.pending_pages > MAX_PENDING_PAGES:
                     del self._reservoirs[where]
 
+    def passed_over(self, num_pages: int) -> None:
+        """Pages that changed but need no report (new pages, held and locked: not candidates);
+        they count towards dropping a reservoir as reported ones would, so that reservoirs are
+        dropped, and selections rank, exactly as if they had been reported."""
+        for where, res in list(self._reservoirs.items()):
+            res.pending_pages += num_pages
+            if res.pending_pages > MAX_PENDING_PAGES:
+                del self._reservoirs[where]
+
     def clear(self) -> None:
         self._reservoirs.clear()
 
@@ -116,7 +125,10 @@ class EvictionIndex:
         self.selections += 1
         res = self._reservoirs.get((level, group))
         if res is not None:
-            ranked = self._merge_reported(res, level, group) if res.pending else res.ids.size
+            if res.pending:
+                ranked = self._merge_reported(res, level, group)
+            else:
+                ranked, res.pending_pages = res.ids.size, 0  # pages passed over, if any
             size = res.ids.size
             if size >= n:
                 return res.ids[:n].copy(), size, ranked

@@ -267,7 +267,9 @@ class Storage:
         p.depth[ids] = depths
         p.priority[ids] = priorities
         p.last_used[ids] = tick
-        self.changed(ids)
+        # Not reported: a held and locked page is neither evictable nor a candidate, and the
+        # row's last change before (its free) was reported. The index still counts them.
+        self.index.passed_over(ids.size)
         plan.counts.pages_allocated += ids.size
         plan.counts.slots_allocated += ids.size
         plan.counts.pages_touched += ids.size

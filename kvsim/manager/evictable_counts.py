@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvsim.manager.pages import PageTable
+from kvsim.manager.pages import PAGE_IDS, PageTable
 from kvsim.manager.unique_ids import unique_ids
 
 
@@ -35,9 +35,9 @@ class EvictableCounts:
 
     def changed(self, ids: np.ndarray | list[int], copy: bool = True) -> None:
         """Rows whose evictability, level or pool group may have changed (or will, before the
-        next read); ``copy`` False: ``ids`` is a 1-D int32 array nobody writes again."""
+        next read); ``copy`` False: ``ids`` is a 1-D array of page ids nobody writes again."""
         if copy:
-            ids = np.array(ids, dtype=np.int32).ravel()  # callers may reuse their array
+            ids = np.array(ids, dtype=PAGE_IDS).ravel()  # callers may reuse their array
         if ids.size:
             self._pending.append(ids)
 
@@ -54,7 +54,7 @@ class EvictableCounts:
             grown = np.full(p.capacity, -1, dtype=np.int32)
             grown[:self.cell.size] = self.cell
             self.cell = grown
-        ids = unique_ids(ids).astype(np.intp)  # each row once: a duplicate would count twice
+        ids = unique_ids(ids).astype(np.intp, copy=False)  # each row once: a duplicate would count twice
         levels = p.level.take(ids)
         evictable = p.evictable(ids, self.last_level, levels) & (levels >= 0)  # freed: no cell
         cells = levels.astype(np.int32)
@@ -82,11 +82,11 @@ class EvictableCounts:
         return self.cell.take(ids) == level * self.num_groups + group
 
     def members(self, level: int, group: int) -> np.ndarray:
-        """The evictable pages at ``(level, group)``, in page id order (int32): one pass over the
+        """The evictable pages at ``(level, group)``, in page id order: one pass over the
         rows' cells instead of a scan of the level's pages (see
         :meth:`kvsim.manager.eviction_index.EvictionIndex.select`)."""
         self._flush()
-        return (self.cell == level * self.num_groups + group).nonzero()[0].astype(np.int32)
+        return (self.cell == level * self.num_groups + group).nonzero()[0]
 
     def table(self) -> np.ndarray:
         """(levels, pool groups) evictable counts."""

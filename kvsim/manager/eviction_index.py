@@ -30,7 +30,7 @@ import numpy as np
 
 from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.eviction import eviction_keys, first_in_order
-from kvsim.manager.pages import PageTable
+from kvsim.manager.pages import PAGE_IDS, PageTable
 from kvsim.manager.slots import SlotAllocator
 from kvsim.manager.unique_ids import unique_ids
 
@@ -41,7 +41,7 @@ MAX_PENDING_PAGES = 65536
 
 
 class _Reservoir:
-    """One (level, pool group)'s candidates in eviction order: ``ids`` (int32) with their
+    """One (level, pool group)'s candidates in eviction order: ``ids`` with their
     ``keys``, sorted by (key, page id); ``member`` flags them by page id."""
 
     __slots__ = ("ids", "keys", "member", "bound_key", "bound_id", "complete", "pending",
@@ -81,13 +81,13 @@ class EvictionIndex:
 
     def changed(self, ids: np.ndarray | list[int], copy: bool = True, counted: bool = True) -> None:
         """Report pages whose evictability, level or eviction key may have changed (``copy``
-        False: ``ids`` is a 1-D int32 array nobody writes again). ``counted`` False: pages
+        False: ``ids`` is a 1-D array of page ids nobody writes again). ``counted`` False: pages
         reported again soon (locked for a call that reports them when it is done), which do
         not count towards dropping a reservoir."""
         if not self._reservoirs:
             return
         if copy:
-            ids = np.array(ids, dtype=np.int32).ravel()  # callers may reuse their array
+            ids = np.array(ids, dtype=PAGE_IDS).ravel()  # callers may reuse their array
         if ids.size == 0:
             return
         for where, res in list(self._reservoirs.items()):

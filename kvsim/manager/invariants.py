@@ -26,7 +26,7 @@ import numpy as np
 
 from kvsim.errors import InvariantViolation
 from kvsim.manager.kv_cache import CacheStatus
-from kvsim.manager.pages import NO_PAGE
+from kvsim.manager.pages import NO_PAGE, PAGE_IDS
 
 if TYPE_CHECKING:
     from kvsim.manager.manager import KVCacheManager
@@ -116,7 +116,7 @@ def _check_ownership(mgr: KVCacheManager, out: list[str]) -> None:
             aside = cache._held_stale[lc.index]
             if aside:
                 ords = np.fromiter(aside, dtype=np.int64)
-                pages = np.fromiter(aside.values(), dtype=np.int32)
+                pages = np.fromiter(aside.values(), dtype=PAGE_IDS)
                 if not ((begin <= ords) & (ords < end)).all() or \
                         (ords < cache._committed_blocks).any() or cache._stopped_committing:
                     out.append(f"{name} life cycle {lc.index}: pages held aside for blocks "

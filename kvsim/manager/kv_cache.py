@@ -40,7 +40,7 @@ from kvsim.errors import InvalidArgumentError, InvalidStateError, OutOfPagesErro
 from kvsim.manager.calls import public_call
 from kvsim.manager.config import LifeCycle
 from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
-from kvsim.manager.pages import NO_PAGE
+from kvsim.manager.pages import NO_PAGE, PAGE_IDS
 from kvsim.manager.plan import Plan
 from kvsim.manager.radix_tree import Node, Root, raw_tokens
 from kvsim.manager.storage import EvictionStep
@@ -88,7 +88,7 @@ def require_size(name: str, value: object) -> int:
 def _pages_of(tables) -> np.ndarray:
     """The pages of the tables, each a fresh array (a mask selects a copy)."""
     if not tables:
-        return np.zeros(0, dtype=np.int32)
+        return np.zeros(0, dtype=PAGE_IDS)
     allp = tables[0] if len(tables) == 1 else np.concatenate(tables)
     return allp[allp >= 0]
 
@@ -117,7 +117,7 @@ class KvCache:
         self._tail_node: Node | None = None
         self._stopped_committing = False
         n_lc = manager.layout.num_life_cycles
-        self._pages = [np.zeros(0, dtype=np.int32) for _ in range(n_lc)]
+        self._pages = [np.zeros(0, dtype=PAGE_IDS) for _ in range(n_lc)]
         # Out-of-window blocks not committed yet, per life cycle: ordinal -> page held for a
         # later commit (KVCM2's hold_for_commit).
         self._held_stale: list[dict[int, int]] = [{} for _ in range(n_lc)]
@@ -182,7 +182,7 @@ class KvCache:
 
     def held_pages(self) -> np.ndarray:
         """Every page the cache holds: its blocks' and the out-of-window ones held for commit."""
-        return _pages_of([*self._pages, *(np.fromiter(h.values(), dtype=np.int32)
+        return _pages_of([*self._pages, *(np.fromiter(h.values(), dtype=PAGE_IDS)
                                           for h in self._held_stale)])
 
     def active_pages(self) -> np.ndarray:
@@ -301,7 +301,7 @@ class KvCache:
         self._stop_committing(plan)
         m._release(self.active_pages(), self._status is CacheStatus.ACTIVE, plan)
         m._release(self.held_pages_aside(), False, plan)
-        self._pages = [np.zeros(0, dtype=np.int32) for _ in self._pages]
+        self._pages = [np.zeros(0, dtype=PAGE_IDS) for _ in self._pages]
         self._held_stale = [{} for _ in self._held_stale]
         self._status = CacheStatus.CLOSED
         m._caches.pop(self.cache_id, None)
@@ -371,7 +371,7 @@ class KvCache:
         return self._plan_drop(plan)
 
     def held_pages_aside(self) -> np.ndarray:
-        return _pages_of([np.fromiter(h.values(), dtype=np.int32) for h in self._held_stale])
+        return _pages_of([np.fromiter(h.values(), dtype=PAGE_IDS) for h in self._held_stale])
 
     def _require(self, status: CacheStatus, api: str) -> None:
         if self._status is not status:
@@ -412,7 +412,7 @@ class KvCache:
         ordinal = np.arange(len(blocks))
         for lc in m.layout.life_cycles:
             i = lc.index
-            arr = np.fromiter((blk.pages[i] for blk in blocks), dtype=np.int32, count=len(blocks))
+            arr = np.fromiter((blk.pages[i] for blk in blocks), dtype=PAGE_IDS, count=len(blocks))
             begin, end = lc.stale_range(history, tpb)
             arr[begin:end] = NO_PAGE  # stale at the matched length: not loaded
             loaded = arr >= 0
@@ -452,7 +452,7 @@ class KvCache:
             prios = np.concatenate([priorities[int(lc)] for lc in lcs])
             new = storage.allocate(0, pg.index, lcs, np.full(lcs.size, ordinal), prios, m._now,
                                    plan)
-            src = np.array([self._pages[int(lc)][ordinal] for lc in lcs], dtype=np.int32)
+            src = np.array([self._pages[int(lc)][ordinal] for lc in lcs], dtype=PAGE_IDS)
             storage.copy_pages(src, new, pg.index, plan)
             for lc, source, page in zip(lcs.tolist(), src.tolist(), new.tolist()):
                 if record:
@@ -503,7 +503,7 @@ class KvCache:
         released: list[np.ndarray] = []
         kept: list[tuple[np.ndarray, np.ndarray]] = []  # (ordinals, pages) held aside
         for lc in m.layout.life_cycles:
-            have = np.full(span, NO_PAGE, dtype=np.int32)
+            have = np.full(span, NO_PAGE, dtype=PAGE_IDS)
             have[:old_blocks] = self._pages[lc.index]
             need = ordinal < new_blocks
             begin, end = lc.stale_range(history, tpb)
@@ -729,7 +729,7 @@ class KvCache:
         for held in self._held_stale:
             done = [b for b in held if b < self._committed_blocks]
             if done:
-                self._manager._release(np.array([held.pop(b) for b in done], dtype=np.int32),
+                self._manager._release(np.array([held.pop(b) for b in done], dtype=PAGE_IDS),
                                        False, plan)
 
     def _stop_committing(self, plan: Plan) -> None:
@@ -809,7 +809,7 @@ class KvCache:
                 self._pages[lc][ordinal] = theirs
             else:
                 self._held_stale[lc][ordinal] = theirs
-            m._release(np.array([mine], dtype=np.int32), locked, plan)
+            m._release(np.array([mine], dtype=PAGE_IDS), locked, plan)
             if locked:
                 p.lockers[theirs] += 1
             # _release above, or an earlier life cycle's move, may have read the counts and so
@@ -819,7 +819,7 @@ class KvCache:
                 level = int(p.level[theirs])
                 if level > 0:
                     # Our page's slot was just freed: theirs comes up into it.
-                    storage.move(np.array([theirs], dtype=np.int32), level, 0,
+                    storage.move(np.array([theirs], dtype=PAGE_IDS), level, 0,
                                  int(p.pool_group[theirs]), plan, record=True)
 
     # -- planned drops -------------------------------------------------------------------------------
@@ -847,7 +847,7 @@ class KvCache:
                 window = self._pages[lc.index][max(end, lc.sink_blocks):len(nodes)]
                 window = window[window >= 0]
                 chosen.append(window[p.node[window] >= 0])
-        ids = np.concatenate(chosen) if chosen else np.zeros(0, dtype=np.int32)
+        ids = np.concatenate(chosen) if chosen else np.zeros(0, dtype=PAGE_IDS)
         p.planned_drops[ids] += 1
         return PlannedDrop(m, ids, p.generation[ids].copy())
 

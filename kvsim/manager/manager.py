@@ -32,7 +32,7 @@ from kvsim.manager.config import LifeCycle, ManagerConfig, StorageLayout
 from kvsim.manager.kv_cache import CacheStatus, KvCache, PriorityCallback, as_tokens, require_size
 from kvsim.manager.limits import MAX_SEQUENCE_TOKENS
 from kvsim.manager.matching import Match, match_prefix
-from kvsim.manager.pages import NO_PAGE
+from kvsim.manager.pages import NO_PAGE, PAGE_IDS
 from kvsim.manager.plan import Plan
 from kvsim.manager.radix_tree import DEFAULT_SCOPE, Node, RadixTree
 from kvsim.manager.stats import Statistics
@@ -221,7 +221,7 @@ class KVCacheManager:
         if not pages:
             return
         p = self.storage.pages
-        ids = np.array(pages, dtype=np.int32)
+        ids = np.array(pages, dtype=PAGE_IDS)
         p.node[ids] = NO_PAGE
         self.storage.changed(ids)
         self.storage.free(ids[p.holders[ids] == 0], plan)

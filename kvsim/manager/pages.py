@@ -16,6 +16,10 @@ from __future__ import annotations
 import numpy as np
 
 NO_PAGE = -1
+# The dtype of every array of page ids: numpy's own index type. A gather or scatter indexed
+# with int32 ids converts them first, every time: 2-4x the cost of one with native indices
+# (measured on the 2-core machine, numpy 2: 371 ids, a scatter 3.2 against 1.3 us).
+PAGE_IDS = np.intp
 
 
 class PageTable:
@@ -41,7 +45,7 @@ class PageTable:
             setattr(self, name, np.empty(0, dtype=dtype))
         # Bumped each time a row is freed, so a stale reference to a reused row is detectable.
         self.generation = np.empty(0, dtype=np.int64)
-        self._free_ids = np.empty(0, dtype=np.int32)  # stack; the top is the end
+        self._free_ids = np.empty(0, dtype=PAGE_IDS)  # stack; the top is the end
         self._num_free = 0
         self._grow(capacity)
 
@@ -56,8 +60,8 @@ class PageTable:
         generation[:old] = self.generation
         self.generation = generation
         # New ids go below the existing free ids so the lowest id is handed out first.
-        fresh = np.arange(new_capacity - 1, old - 1, -1, dtype=np.int32)
-        free = np.empty(new_capacity, dtype=np.int32)
+        fresh = np.arange(new_capacity - 1, old - 1, -1, dtype=PAGE_IDS)
+        free = np.empty(new_capacity, dtype=PAGE_IDS)
         free[: fresh.size] = fresh
         free[fresh.size : fresh.size + self._num_free] = self._free_ids[: self._num_free]
         self._free_ids = free
@@ -89,7 +93,7 @@ class PageTable:
         return self.capacity - self._num_free
 
     def live_ids(self) -> np.ndarray:
-        return np.flatnonzero(self.level >= 0).astype(np.int32)
+        return np.flatnonzero(self.level >= 0)
 
     def free_id_list(self) -> np.ndarray:
         return self._free_ids[: self._num_free]

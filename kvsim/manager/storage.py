@@ -28,7 +28,7 @@ from kvsim.manager.config import StorageLayout
 from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.eviction import select_victims
 from kvsim.manager.eviction_index import EvictionIndex
-from kvsim.manager.pages import PageTable
+from kvsim.manager.pages import PAGE_IDS, PageTable
 from kvsim.manager.plan import CopyBatch, Plan
 from kvsim.manager.slots import SlotAllocator
 from kvsim.manager.stats import Statistics
@@ -86,7 +86,7 @@ class Storage:
         change (before the next read), so the eviction index and the evictable counts stay
         exact (see :mod:`kvsim.manager.eviction_index`, :mod:`~kvsim.manager.evictable_counts`).
         ``counted``: as :meth:`EvictionIndex.changed <kvsim.manager.eviction_index.EvictionIndex.changed>`."""
-        ids = np.array(ids, dtype=np.int32).ravel()  # one copy for both: callers may reuse theirs
+        ids = np.array(ids, dtype=PAGE_IDS).ravel()  # one copy for both: callers may reuse theirs
         self.index.changed(ids, copy=False, counted=counted)
         self.counts.changed(ids, copy=False)
 

@@ -182,6 +182,16 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
+def _mix64_int(x: int) -> int:
+    """:func:`mix64` of one value, in Python integers (masked to 64 bits, so the same wrapping
+    arithmetic): a stream's base costs two of these per slice, where numpy arrays of one element
+    cost ~9 us each."""
+    z = (x + _GOLDEN) & _MASK64
+    z = ((z ^ (z >> 30)) * _M1) & _MASK64
+    z = ((z ^ (z >> 27)) * _M2) & _MASK64
+    return z ^ (z >> 31)
+
+
 def stream_tokens(domain: int, key: int, start: int, count: int) -> np.ndarray:
     """Tokens ``start .. start + count - 1`` of the stream named by ``(domain, key)``, as uint32.
 
@@ -190,7 +200,6 @@ def stream_tokens(domain: int, key: int, start: int, count: int) -> np.ndarray:
     requests using the same stream share every prefix, and any slice can be made on its own (a
     commit continuing where the previous one stopped).
     """
-    seed = (int(mix64(np.array([domain & _MASK64], dtype=np.uint64))[0]) ^ (key & _MASK64))
-    base = int(mix64(np.array([seed], dtype=np.uint64))[0])
+    base = _mix64_int(_mix64_int(domain & _MASK64) ^ (key & _MASK64))
     positions = np.arange(start, start + count, dtype=np.uint64)
     return (mix64(positions + np.uint64(base)) & np.uint64(0xFFFFFFFF)).astype(np.uint32)

@@ -40,11 +40,10 @@ def state_of(mgr: KVCacheManager) -> dict:
                                c._stopped_committing, [t.tobytes() for t in c._pages],
                                [sorted(h.items()) for h in c._held_stale], c._never_resumed,
                                c._generation_ready,
-                               {k: v.tobytes() for k, v in c._pending.delta.items()},
+                               c._pending.delta.tobytes(),
                                c._pending.by_level.tobytes(), repr(c._pending.segments))
                    for cid, c in mgr._caches.items()},
-        "stats": ({k: v.tobytes() for k, v in mgr.stats.iteration.items()},
-                  {k: v.tobytes() for k, v in mgr.stats.cumulative.items()},
+        "stats": (mgr.stats.iteration.tobytes(), mgr.stats.cumulative.tobytes(),
                   mgr.stats.iteration_by_level.tobytes(), mgr.stats.cumulative_by_level.tobytes(),
                   None if mgr.stats.peaks is None else mgr.stats.peaks.tobytes()),
         "tick": mgr._tick,
@@ -94,5 +93,5 @@ def state_digest(mgr: KVCacheManager) -> dict[str, object]:
         "root-erase queue": tuple(tree.pending_root_erasures),
         "living caches": frozenset((k, c.status) for k, c in mgr._caches.items()),
         "statistics": (None if mgr.stats.peaks is None else mgr.stats.peaks.tobytes(),
-                       [v.tobytes() for v in mgr.stats.iteration.values()]),
+                       mgr.stats.iteration.tobytes()),
     }

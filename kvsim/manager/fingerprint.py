@@ -21,15 +21,16 @@ if TYPE_CHECKING:
 def state_of(mgr: KVCacheManager) -> dict:
     """The manager's state as plain, comparable data."""
     tree = mgr.tree
+    scope_of = {id(root): repr(scope) for scope, root in tree.roots.items()}
     return {
-        "pages": {k: v.tobytes() for k, v in mgr.storage.pages.snapshot().items()},
+        "pages": mgr.storage.pages.snapshot_bytes(),
         "slots": [[(a.num_slots, a.slot_to_page.tobytes(), a.free_slots().tobytes())
                    for a in row] for row in mgr.storage.allocators],
         "roots": {repr(scope): (root.num_nodes, [n.node_id for n in root.child_nodes()],
                                 {-1 if parent is None else parent.node_id: [n.node_id for n in ns]
                                  for parent, ns in root.partials.items()})
                   for scope, root in tree.roots.items()},
-        "nodes": {nid: (repr(n.root.scope), None if n.parent is None else n.parent.node_id,
+        "nodes": {nid: (scope_of.get(id(n.root)) or repr(n.root.scope), None if n.parent is None else n.parent.node_id,
                         n.depth, n.raw, tuple(n.pages), [c.node_id for c in n.child_nodes()])
                   for nid, n in tree.nodes.items()},
         "pending_root_erasures": [repr(s) for s in tree.pending_root_erasures],

@@ -30,8 +30,9 @@ def state_of(mgr: KVCacheManager) -> dict:
                                 {-1 if parent is None else parent.node_id: [n.node_id for n in ns]
                                  for parent, ns in root.partials.items()})
                   for scope, root in tree.roots.items()},
-        "nodes": {nid: (scope_of.get(id(n.root)) or repr(n.root.scope), None if n.parent is None else n.parent.node_id,
-                        n.depth, n.raw, tuple(n.pages), [c.node_id for c in n.child_nodes()])
+        "nodes": {nid: (scope_of.get(id(n.root)) or repr(n.root.scope),
+                        None if n.parent is None else n.parent.node_id, n.depth, n.raw,
+                        tuple(n.pages), [c.node_id for c in n.child_nodes()])
                   for nid, n in tree.nodes.items()},
         "pending_root_erasures": [repr(s) for s in tree.pending_root_erasures],
         "next_node_id": tree._next_node_id,

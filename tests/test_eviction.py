@@ -19,6 +19,7 @@ def table(priority, last_used, depth) -> tuple[PageTable, np.ndarray]:
     pages.priority[ids] = priority
     pages.last_used[ids] = last_used
     pages.depth[ids] = depth
+    pages.rank[ids] = eviction.rank_of(pages.priority[ids], pages.depth[ids])
     return pages, ids
 
 

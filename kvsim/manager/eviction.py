@@ -19,21 +19,24 @@ _MAX_DEPTH = (1 << _DEPTH_BITS) - 1
 _MAX_TICK = (1 << _TICK_BITS) - 1
 
 
+def rank_of(priority: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """The bits of the eviction key a page keeps for life: its priority above the tick's bits,
+    its depth (deeper first) below them. What :attr:`PageTable.rank` holds."""
+    rank = np.asarray(priority).astype(np.int64) << (_TICK_BITS + _DEPTH_BITS)
+    rank |= _MAX_DEPTH - np.minimum(np.asarray(depth).astype(np.int64), _MAX_DEPTH)
+    return rank
+
+
 def eviction_keys(pages: PageTable, ids: np.ndarray) -> np.ndarray:
-    """One int64 per page; smaller keys are evicted first."""
+    """One int64 per page; smaller keys are evicted first: (priority, LRU tick, deeper first),
+    each field in its own bits."""
     ids = ids.astype(np.intp, copy=False)  # take with native indices: the fast gather
     # In place on the gathers' own arrays: a rebuild keys a whole level (100K+ pages), and
     # every temporary is one more pass over it.
-    keys = pages.priority.take(ids).astype(np.int64)
-    keys <<= _TICK_BITS
-    tick = pages.last_used.take(ids)
-    np.minimum(tick, _MAX_TICK, out=tick)
-    keys |= tick
+    keys = pages.last_used.take(ids)
+    np.minimum(keys, _MAX_TICK, out=keys)
     keys <<= _DEPTH_BITS
-    depth = pages.depth.take(ids).astype(np.int64)
-    np.minimum(depth, _MAX_DEPTH, out=depth)
-    np.subtract(_MAX_DEPTH, depth, out=depth)
-    keys |= depth
+    keys |= pages.rank.take(ids)
     return keys
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kvsim.errors import InvariantViolation
+from kvsim.manager.eviction import rank_of
 from kvsim.manager.kv_cache import CacheStatus
 from kvsim.manager.pages import NO_PAGE, PAGE_IDS
 
@@ -70,6 +71,8 @@ def _check_storage(mgr: KVCacheManager, out: list[str]) -> None:
                    f"{live[seen[live] != 1][:5].tolist()}")
     if (seen[p.level < 0] != 0).any():
         out.append("a free page row is still in a slot")
+    if (p.rank[live] != rank_of(p.priority[live], p.depth[live])).any():
+        out.append("a page's eviction rank disagrees with its priority and depth")
     kept = mgr.storage.counts.table()
     for lv in range(mgr.layout.num_levels):
         for g in range(mgr.layout.num_pool_groups):

@@ -37,6 +37,9 @@ class PageTable:
         ("last_used", np.int64, 0),
         ("depth", np.int32, 0),
         ("planned_drops", np.int32, 0),
+        # priority and depth as the eviction key lays them out (kvsim.manager.eviction.rank_of),
+        # written with them: a key is then two gathers, not three and five more passes
+        ("rank", np.int64, 0),
     )
 
     def __init__(self, capacity: int = 1024) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 from kvsim.errors import OutOfPagesError
 from kvsim.manager.config import StorageLayout
 from kvsim.manager.evictable_counts import EvictableCounts
-from kvsim.manager.eviction import select_victims
+from kvsim.manager.eviction import rank_of, select_victims
 from kvsim.manager.eviction_index import EvictionIndex
 from kvsim.manager.pages import PAGE_IDS, PageTable
 from kvsim.manager.plan import CopyBatch, Plan
@@ -266,6 +266,7 @@ class Storage:
         p.life_cycle[ids] = life_cycles
         p.depth[ids] = depths
         p.priority[ids] = priorities
+        p.rank[ids] = rank_of(priorities, depths)
         p.last_used[ids] = tick
         # Not reported: a held and locked page is neither evictable nor a candidate, and the
         # row's last change before (its free) was reported. The index still counts them.

@@ -176,18 +176,23 @@ class KVCacheManager:
         # event sink such a leaf leaves here, flat (as _detach_subtree would take it out).
         leaves_inline = self.event_sink is None
         leaves_removed = 0
+        width = len(life_cycles)  # pages per node: with one, a dropped leaf leaves no orphan
         for page, lc_index, node_id in zip(ids.tolist(), p.life_cycle[ids].tolist(),
                                            p.node[ids].tolist()):
             node = nodes.get(node_id)
-            if node is None or node.pages[lc_index] != page:
+            if node is None:
                 continue  # already out, with a subtree removed earlier in this batch
+            pages = node.pages
+            if pages[lc_index] != page:
+                continue
             lc = life_cycles[lc_index]
-            node.pages[lc_index] = NO_PAGE
+            pages[lc_index] = NO_PAGE
             if not lc.is_sliding or node.depth < lc.sink_blocks:
-                if leaves_inline and not node.has_children:
+                if leaves_inline and node.kids is None:
                     tree._detach(node)
-                    orphans += [pg for pg in node.pages if pg != NO_PAGE]
-                    node.pages = [NO_PAGE] * len(node.pages)
+                    if width > 1:
+                        orphans += [pg for pg in pages if pg != NO_PAGE]
+                        node.pages = [NO_PAGE] * width
                     leaves_removed += 1
                     continue
                 orphans += self._detach_subtree(node, plan)

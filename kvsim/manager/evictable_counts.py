@@ -54,7 +54,7 @@ class EvictableCounts:
             grown = np.full(p.capacity, -1, dtype=np.int32)
             grown[:self.cell.size] = self.cell
             self.cell = grown
-        ids = unique_ids(ids).astype(np.intp, copy=False)  # each row once: a duplicate would count twice
+        ids = unique_ids(ids)  # each row once: a duplicate would count twice
         levels = p.level.take(ids)
         evictable = p.evictable(ids, self.last_level, levels) & (levels >= 0)  # freed: no cell
         cells = levels.astype(np.int32)

@@ -90,17 +90,16 @@ class EvictionIndex:
             ids = np.array(ids, dtype=PAGE_IDS).ravel()  # callers may reuse their array
         if ids.size == 0:
             return
-        for where, res in list(self._reservoirs.items()):
+        for res in self._reservoirs.values():
             res.pending.append(ids)
-            if counted:
-                res.pending_pages += ids.size
-                if res.pending_pages > MAX_PENDING_PAGES:
-                    del self._reservoirs[where]
+        if counted:
+            self.passed_over(ids.size)
 
     def passed_over(self, num_pages: int) -> None:
-        """Pages that changed but need no report (new pages, held and locked: not candidates);
-        they count towards dropping a reservoir as reported ones would, so that reservoirs are
-        dropped, and selections rank, exactly as if they had been reported."""
+        """Count pages towards dropping each reservoir (past MAX_PENDING_PAGES): the counted
+        reports, and pages that changed but need none (new pages, held and locked: not
+        candidates), so that reservoirs are dropped, and selections rank, exactly as if those
+        had been reported."""
         for where, res in list(self._reservoirs.items()):
             res.pending_pages += num_pages
             if res.pending_pages > MAX_PENDING_PAGES:

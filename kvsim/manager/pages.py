@@ -114,16 +114,17 @@ class PageTable:
         held = (holders > 0) & (self.lockers.take(ids) == 0) & (levels != last_level)
         return droppable_committed | held
 
+    def _arrays(self) -> dict[str, np.ndarray]:
+        """Every array of the table by name (the arrays themselves, not copies)."""
+        arrays = {name: getattr(self, name) for name, _, _ in self._INT_FIELDS}
+        arrays["generation"] = self.generation
+        arrays["free_ids"] = self.free_id_list()
+        return arrays
+
     def snapshot(self) -> dict[str, np.ndarray]:
         """A copy of every array, for byte-for-byte comparisons in tests."""
-        snap = {name: getattr(self, name).copy() for name, _, _ in self._INT_FIELDS}
-        snap["generation"] = self.generation.copy()
-        snap["free_ids"] = self.free_id_list().copy()
-        return snap
+        return {name: a.copy() for name, a in self._arrays().items()}
 
     def snapshot_bytes(self) -> dict[str, bytes]:
         """:meth:`snapshot` as the arrays' bytes (taken without copying the arrays first)."""
-        snap = {name: getattr(self, name).tobytes() for name, _, _ in self._INT_FIELDS}
-        snap["generation"] = self.generation.tobytes()
-        snap["free_ids"] = self.free_id_list().tobytes()
-        return snap
+        return {name: a.tobytes() for name, a in self._arrays().items()}

@@ -2,8 +2,9 @@
 
 numpy 2's ``np.unique`` of integers goes through a hash table and costs, on the page-id batches
 the manager de-duplicates (tens to tens of thousands of ids), 15 to 30 times a plain sort and
-a neighbour comparison (measured on int32 ids: 20,000 ids 1.6 ms against 57 us). The manager's hot paths
-(eviction candidates, evictable counts, resume) call :func:`unique_ids` instead.
+a neighbour comparison (measured on int32 ids: 20,000 ids 1.6 ms against 57 us). The
+manager's hot paths (eviction candidates, evictable counts, resume) call :func:`unique_ids`
+instead.
 """
 
 from __future__ import annotations

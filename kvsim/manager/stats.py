@@ -158,12 +158,13 @@ class Statistics:
         self._n = num_life_cycles
         self._levels = num_levels
         self._sampler = sampler
-        # (counters, life cycles), rows in COUNTERS' order; only CUMULATIVE's rows of the
-        # cumulative ones are reported
+        # (counters, life cycles), rows in COUNTERS' order. A commit adds to the iteration's
+        # figures only; what earlier iterations added is kept apart (_earlier), and the
+        # cumulative figures are the sum of the two (one update per commit instead of two).
         self.iteration = np.zeros((len(COUNTERS), num_life_cycles), dtype=np.int64)
-        self.cumulative = np.zeros((len(COUNTERS), num_life_cycles), dtype=np.int64)
         self.iteration_by_level = np.zeros((num_life_cycles, num_levels), dtype=np.int64)
-        self.cumulative_by_level = np.zeros((num_life_cycles, num_levels), dtype=np.int64)
+        self._earlier = np.zeros_like(self.iteration)
+        self._earlier_by_level = np.zeros_like(self.iteration_by_level)
         self.peaks: np.ndarray | None = None  # (L, G, 3) max over samples this iteration
         # kind of migration -> (its counters' rows, what one block of each life cycle adds)
         self._migrations = {
@@ -171,6 +172,15 @@ class Statistics:
                    np.stack([self._page_bytes if name.endswith("_bytes")
                              else np.ones(num_life_cycles, dtype=np.int64) for name in names]))
             for kind, names in MIGRATION_COUNTERS.items()}
+
+    @property
+    def cumulative(self) -> np.ndarray:
+        """Every counter since the manager was made (only CUMULATIVE's rows are reported)."""
+        return self._earlier + self.iteration
+
+    @property
+    def cumulative_by_level(self) -> np.ndarray:
+        return self._earlier_by_level + self.iteration_by_level
 
     def pending(self) -> PendingStats:
         return PendingStats(self._n, self._levels)
@@ -180,10 +190,8 @@ class Statistics:
         """Add one delta (``values[i]`` to counter row ``rows[i]``, over life cycles; each row
         once) and re-sample the peaks."""
         self.iteration[rows] += values
-        self.cumulative[rows] += values
         if by_level is not None:
             self.iteration_by_level += by_level
-            self.cumulative_by_level += by_level
         if sample is None:
             sample = self._sampler()
         counts.stats_commits += 1
@@ -211,14 +219,18 @@ class Statistics:
             # taken n times are that sample's: one commit, counted as n.
             sample = self._sampler()
             rows, per_block = self._migrations[kind]
-            self.commit(rows, per_block * np.bincount(life_cycles, minlength=self._n), counts,
+            self.commit(rows, per_block * self._per_life_cycle(life_cycles), counts,
                         sample=sample)
             more = life_cycles.size - 1
             counts.stats_commits += more
             counts.stats_scan_units += more * sample.shape[0] * sample.shape[1]
             return
         rows, per_block = self._migrations[kind]
-        self.commit(rows, per_block * np.bincount(life_cycles, minlength=self._n), counts)
+        self.commit(rows, per_block * self._per_life_cycle(life_cycles), counts)
+
+    def _per_life_cycle(self, life_cycles: np.ndarray) -> np.ndarray | int:
+        """How many of the pages are of each life cycle (with one life cycle, all of them)."""
+        return life_cycles.size if self._n == 1 else np.bincount(life_cycles, minlength=self._n)
 
     def take_iteration(self, level_names: tuple[str, ...]) -> dict:
         """The iteration statistics as plain data; resets them."""
@@ -228,6 +240,8 @@ class Statistics:
             [dict(zip(PEAKS, (int(v) for v in peaks[lv, g]))) for g in range(peaks.shape[1])]
             for lv in range(len(level_names))
         ]
+        self._earlier += self.iteration
+        self._earlier_by_level += self.iteration_by_level
         self.iteration.fill(0)
         self.iteration_by_level.fill(0)
         self.peaks = None

@@ -14,7 +14,6 @@ import pytest
 
 from kvsim.manager import KVCacheManager, LayerConfig, LevelConfig, ManagerConfig, eviction_index
 from kvsim.manager.storage import Storage
-from kvsim.sim.collector import RUN_THRESHOLDS
 
 REPO = Path(__file__).resolve().parents[1]
 PAGE = 4096  # bytes per page in the small configurations: two 2 KiB slots
@@ -90,12 +89,14 @@ LONGEST_FIRST = ("test_plan_batches.py",       # 26 s: runs every shipped scenar
                  "test_validate.py")           # 9 s
 
 
-# The collector as a long run has it (kvsim.sim.collector): a worker makes and drops managers of
-# 10^4-10^5 objects test after test, and with the default thresholds it ran ~160 full
-# collections, ~30 s of the test command's ~210 s of CPU (measured with gc.callbacks,
-# 2026-12-06). What exists once the tests are collected (modules, test items) lives to the end:
-# frozen, no collection walks it again.
-gc.set_threshold(*RUN_THRESHOLDS)
+# A worker makes and drops managers of 10^4-10^5 objects test after test, and with the default
+# thresholds it ran ~160 full collections, ~30 s of the test command's ~210 s of CPU (measured
+# with gc.callbacks, 2026-12-06): a young collection every 50,000 net allocations of containers
+# instead of 700, a middle one every 20 of them, a full one every 100 middle ones. What exists
+# once the tests are collected (modules, test items) lives to the end: frozen, no collection
+# walks it again. (Simulated runs turn the collector off meanwhile: kvsim.sim.collector.)
+TEST_THRESHOLDS = (50_000, 20, 100)
+gc.set_threshold(*TEST_THRESHOLDS)
 
 
 def pytest_collection_finish(session):

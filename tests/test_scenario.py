@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -192,66 +191,6 @@ def test_results_json_is_strict_json(tmp_path):
                          "_private": 1})
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}}
     assert "NaN" not in text and "Infinity" not in text
-
-
-def test_a_simulated_run_sets_up_under_the_run_thresholds_and_puts_the_old_ones_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The collector's raised thresholds cover the set-up calls (a burst's thousands of radix
-    nodes), not only the SimPy run, and the caller's thresholds come back after."""
-    import gc
-
-    from kvsim.scenario import executors
-    from kvsim.sim.collector import RUN_THRESHOLDS
-
-    seen = []
-    real_setup = executors.run_setup
-
-    def watched(calls):
-        seen.append(gc.get_threshold())
-        return real_setup(calls)
-
-    monkeypatch.setattr(executors, "run_setup", watched)
-    before = (701, 11, 9)
-    old = gc.get_threshold()
-    gc.set_threshold(*before)
-    try:
-        execute(load_scenario(write(tmp_path, SMALL + "executor: sim\nhardware: h200-sxm\n")))
-        after = gc.get_threshold()
-    finally:
-        gc.set_threshold(*old)
-    assert seen == [RUN_THRESHOLDS]
-    assert after == before
-
-
-def test_what_a_run_leaves_goes_to_the_oldest_generation_unwalked_when_nothing_is_frozen(
-        ) -> None:
-    """In a process with nothing frozen (a command-line run) the objects the body made leave
-    the young generations uncollected; where something is frozen (this test process), the
-    frozen objects stay frozen. Run in fresh interpreters: this one has frozen its tests."""
-    script = """
-import gc
-from kvsim.sim.collector import fewer_collections
-class Node:
-    pass
-frozen_before = %s
-if frozen_before:
-    keep = [Node() for _ in range(10)]
-    gc.freeze()
-count = gc.get_freeze_count()
-with fewer_collections():
-    made = [Node() for _ in range(1000)]
-young = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
-print(count, gc.get_freeze_count(), sum(id(o) in young for o in made))
-"""
-    for frozen_before in (False, True):
-        out = subprocess.run([sys.executable, "-c", script % frozen_before], capture_output=True,
-                             text=True, check=True).stdout.split()
-        before, after, still_young = map(int, out)
-        assert after == before
-        if frozen_before:
-            assert before > 0 and still_young > 0  # left where the collector put them
-        else:
-            assert before == 0 and still_young == 0
 
 
 VARIANTS = SMALL + """\

@@ -618,29 +618,30 @@ class SimExecutor:
 
     def _check_deadlock(self, start: str) -> None:
         """Depth-first search of the wait-for graph from a thread that just started waiting."""
-        path: list[str] = []
-        on_path: set[str] = set()
-
-        def visit(t: str) -> list[str] | None:
-            if t in on_path:
-                return path[path.index(t):]
-            if t not in self._waiting:
-                return None
-            path.append(t)
-            on_path.add(t)
-            for nxt in self._waits_on(t):
-                cycle = visit(nxt)
-                if cycle:
-                    return cycle
-            path.pop()
-            on_path.discard(t)
-            return None
-
-        cycle = visit(start)
+        cycle = self._cycle_through(start, [], set())
         if cycle:
             self.deadlocks.append(Deadlock(self.env.now, [self._describe(t) for t in cycle]))
             if not self._stop.triggered:
                 self._stop.succeed()
+
+    def _cycle_through(self, t: str, path: list[str], on_path: set[str]) -> list[str] | None:
+        """The first cycle of waits found from ``t``, with ``path`` the waits that led to it.
+        (A method, not a nested function: a nested function that calls itself is a reference
+        cycle, garbage the collector would have to find, and runs go without collections:
+        :mod:`kvsim.sim.collector`.)"""
+        if t in on_path:
+            return path[path.index(t):]
+        if t not in self._waiting:
+            return None
+        path.append(t)
+        on_path.add(t)
+        for nxt in self._waits_on(t):
+            cycle = self._cycle_through(nxt, path, on_path)
+            if cycle:
+                return cycle
+        path.pop()
+        on_path.discard(t)
+        return None
 
     # -- threads ------------------------------------------------------------------------------
     def _thread(self, name: str, steps: Iterator[Step], started: simpy.Event | None = None):

@@ -1,0 +1,151 @@
+"""The collector around simulated runs (kvsim.sim.collector): off while a run allocates, back on
+after; what a run leaves moves to the oldest generation unwalked in a command-line process and
+is collected when the next run starts; and no run makes reference cycles that die while it runs
+(what makes turning the collector off safe)."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvsim.scenario.load import load_scenario, load_scenario_file
+from kvsim.scenario.run import execute
+from kvsim.sim.executor import SimExecutor
+
+REPO = Path(__file__).resolve().parents[1]
+
+SMALL = """\
+name: small
+seed: 3
+executor: sim
+hardware: h200-sxm
+manager:
+  tokens_per_block: 4
+  layers:
+    - slot_bytes: [2 KiB, 2 KiB]
+  levels:
+    - {name: gpu, quota_bytes: 64 KiB}
+    - {name: host, quota_bytes: 1 MiB}
+workload:
+  kind: burst_resize
+  history_tokens: 40
+  growth_steps: 2
+"""
+
+
+def test_a_simulated_run_sets_up_with_the_collector_off_and_turns_it_back_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector is off for the set-up calls (a burst's thousands of radix nodes), not only
+    the SimPy run, and the caller's thresholds are untouched."""
+    from kvsim.scenario import executors
+
+    seen = []
+    real_setup = executors.run_setup
+
+    def watched(calls):
+        seen.append(gc.isenabled())
+        return real_setup(calls)
+
+    monkeypatch.setattr(executors, "run_setup", watched)
+    path = tmp_path / "s.yaml"
+    path.write_text(SMALL)
+    before = gc.get_threshold()
+    assert gc.isenabled()
+    execute(load_scenario(path))
+    assert seen == [False]
+    assert gc.isenabled() and gc.get_threshold() == before
+
+
+def test_a_collector_turned_off_by_the_caller_stays_off() -> None:
+    from kvsim.sim.collector import fewer_collections
+
+    gc.disable()
+    try:
+        with fewer_collections():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_what_a_run_leaves_goes_to_the_oldest_generation_and_the_next_run_collects_it() -> None:
+    """In a process with nothing frozen (a command-line run) the objects the body made leave
+    the young generations uncollected, and a reference cycle the first run left is freed when
+    the second one starts; where something is frozen (this test process), the frozen objects
+    stay frozen. Run in fresh interpreters: this one has frozen its tests."""
+    script = """
+import gc, weakref
+from kvsim.sim.collector import fewer_collections
+class Node:
+    pass
+frozen_before = %s
+if frozen_before:
+    keep = [Node() for _ in range(10)]
+    gc.freeze()
+count = gc.get_freeze_count()
+with fewer_collections():
+    made = [Node() for _ in range(1000)]
+    cycle = Node()
+    cycle.me = cycle
+    freed = []
+    ref = weakref.ref(cycle, lambda _r: freed.append(True))
+    del cycle
+    enabled_inside = gc.isenabled()
+young = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
+left = ref() is not None
+with fewer_collections():
+    pass
+print(count, gc.get_freeze_count(), sum(id(o) in young for o in made), int(enabled_inside),
+      int(left), int(bool(freed)), int(gc.isenabled()))
+"""
+    for frozen_before in (False, True):
+        out = subprocess.run([sys.executable, "-c", script % frozen_before], capture_output=True,
+                             text=True, check=True).stdout.split()
+        before, after, still_young, enabled_inside, left, freed, enabled = map(int, out)
+        assert after == before
+        assert enabled_inside == 0 and enabled == 1
+        if frozen_before:
+            assert before > 0 and still_young > 0  # left where the collector put them
+        else:
+            assert before == 0 and still_young == 0
+            assert left == 1 and freed == 1  # kept by the first run, freed by the second
+
+
+@pytest.mark.parametrize("scenario", [
+    "scenarios/bugs/seed_concurrency_tests.yaml#buggy",  # lock waits: the deadlock search
+    "scenarios/bugs/gil_deadlock.yaml#buggy",  # a deadlock found, the run stopped
+    "scenarios/traces/mooncake_sample.yaml#base",
+    "scenarios/traces/op_trace_replay.yaml#base",
+    "scenarios/seed/burst_resize.yaml#base",
+])
+def test_a_simulated_run_makes_no_reference_cycle_that_dies_while_it_runs(
+        scenario: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every object a run drops while it runs is freed by reference counting: right after the
+    executor's run (its manager, executor and records still alive), a collection finds nothing
+    unreachable. (A nested function that calls itself did make such cycles, in the deadlock
+    search, at every lock wait.)"""
+    path, variant = scenario.split("#")
+    sf = load_scenario_file(REPO / path)
+    chosen = sf.base if variant == "base" else dict((v.name, s) for v, s in sf.variants)[variant]
+    found = []
+    real_run = SimExecutor.run
+
+    def run(self, threads, until=None):
+        gc.collect()
+        result = real_run(self, threads, until)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            gc.collect()
+            found.extend(type(o).__name__ for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+        return result
+
+    monkeypatch.setattr(SimExecutor, "run", run)
+    execute(chosen)
+    assert found == []

@@ -169,6 +169,7 @@ def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
 
 
 _WALKS_KEPT = 256  # walks remembered (the memo is dropped when it reaches this many)
+_WALK_KEY_BYTES = 64  # the last 16 tokens, with the scope and the length: a walk's memo key
 
 
 class RadixTree:
@@ -182,7 +183,7 @@ class RadixTree:
         # of the same tokens in the same scope at the same version has the same answer, kept in
         # _walks (a cache, not state: probes of one prompt repeat while nothing commits).
         self.version = 0
-        self._walks: dict[tuple[Hashable, bytes], tuple] = {}
+        self._walks: dict[tuple[Hashable, int, bytes], tuple] = {}
 
     # -- read-only ---------------------------------------------------------------------------
     def walk(self, scope: Hashable, tokens: np.ndarray) -> tuple[list[Node], int, bool]:
@@ -198,13 +199,16 @@ class RadixTree:
         if root is None or not root.num_nodes:
             return [], 0, tokens.size > 0
         raw = raw_tokens(tokens)  # one conversion; blocks are slices
-        seen = self._walks.get((scope, raw))
-        if seen is not None and seen[0] == self.version:
-            return list(seen[1]), seen[2], seen[3]
+        # Remembered under a short key, the tokens compared on a hit: hashing a whole prompt's
+        # bytes (tens of KB) for the key cost more than comparing them.
+        key = (scope, len(raw), raw[-_WALK_KEY_BYTES:])
+        seen = self._walks.get(key)
+        if seen is not None and seen[0] == self.version and seen[1] == raw:
+            return list(seen[2]), seen[3], seen[4]
         nodes, hashed, missed = self._walk_tokens(root, raw)
         if len(self._walks) >= _WALKS_KEPT:
             self._walks = {}
-        self._walks[(scope, raw)] = (self.version, list(nodes), hashed, missed)
+        self._walks[key] = (self.version, raw, list(nodes), hashed, missed)
         return nodes, hashed, missed
 
     def _walk_tokens(self, root: Root, raw: bytes) -> tuple[list[Node], int, bool]:

@@ -2,6 +2,6 @@
 
 import sys
 
-from kvsim.cli import main
+from kvsim.cli import console_main
 
-sys.exit(main())
+sys.exit(console_main())

@@ -149,3 +149,21 @@ def test_a_simulated_run_makes_no_reference_cycle_that_dies_while_it_runs(
     monkeypatch.setattr(SimExecutor, "run", run)
     execute(chosen)
     assert found == []
+
+
+def test_the_kvsim_command_leaves_what_it_made_to_the_exit_uncollected() -> None:
+    """The ``kvsim`` command (and ``python -m kvsim``) runs the command, then freezes what is
+    alive, so that the interpreter's exit walks none of it; the command's output and exit
+    status are those of ``main``. In a fresh interpreter: nothing frozen before."""
+    script = """
+import gc, sys
+from kvsim.cli import console_main
+sys.argv = ["kvsim", "presets", "--kind", "cpu-cost"]
+before = gc.get_freeze_count()
+code = console_main()
+print(before, int(gc.get_freeze_count() > 0), code, file=sys.stderr)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)
+    assert done.stderr.split() == ["0", "1", "0"]
+    assert "kvcm2-cpp" in done.stdout

@@ -238,4 +238,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from kvsim.sim.collector import leave_to_exit
+
+    code = main()
+    leave_to_exit()  # exit without a last collection over the replay's objects
+    sys.exit(code)

@@ -36,5 +36,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.func(args))
 
 
+def console_main() -> int:
+    """The ``kvsim`` command: :func:`main`, then the process exits without a last collection
+    over what the command made (:func:`kvsim.sim.collector.leave_to_exit`)."""
+    from kvsim.sim.collector import leave_to_exit
+
+    code = main()
+    leave_to_exit()
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console_main())

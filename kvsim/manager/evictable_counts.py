@@ -56,14 +56,15 @@ class EvictableCounts:
             self.cell = grown
         ids = unique_ids(ids)  # each row once: a duplicate would count twice
         levels = p.level.take(ids)
-        evictable = p.evictable(ids, self.last_level, levels) & (levels >= 0)  # freed: no cell
+        evictable = p.evictable(ids, self.last_level, levels)  # a freed row is not: no cell
         cells = levels.astype(np.int32)
         if self.num_groups > 1:
             cells = cells * self.num_groups + p.pool_group.take(ids)
-        new = np.where(evictable, cells, -1)
+        cells[~evictable] = -1
+        new = cells
         old = self.cell.take(ids)
         moved = old != new
-        if not moved.any():
+        if not np.count_nonzero(moved):
             return
         old, new = old[moved], new[moved]
         size = self.counts.size

@@ -209,33 +209,29 @@ class SimExecutor:
         same order as the timed handler, without a chain of generators per effect (a call makes
         about ten effects, and most end at once: a free GIL, a delay nothing interrupts)."""
         send = None
-        timed, plain, at_once = self._timed, self._plain, self._at_once
+        # One lookup per effect: the plain handlers' results are never a _Rest.
+        timed, inline = self._timed, {**self._plain, **self._at_once}
         while True:
             try:
                 effect = steps.send(send)
             except StopIteration:
                 return
-            kind = type(effect)
-            handler = plain.get(kind)
-            if handler is not None:
-                send = handler(effect)
-                continue
-            handler = at_once.get(kind)
+            handler = inline.get(type(effect))
             if handler is not None:
                 send = handler(effect)
                 if type(send) is _Rest:
                     send = yield from send.steps
             else:
-                send = yield from timed[kind](effect)
+                send = yield from timed[type(effect)](effect)
 
     # -- effects done inline where they end at once (C++ manager, no exploration) ------------------
     # Each mirrors its timed handler step for step (the same draws, the same shortcut tests, in
     # the same order) and hands over to a generator at the first step that needs an event.
     def _host_delay(self, seconds: float, result=None):
-        """``result`` after ``seconds`` of modelled delay (as :meth:`_wait`): at once, or a
-        :class:`_Rest` that waits for a timeout first."""
+        """``result`` after ``seconds`` (>= 0) of modelled delay (as :meth:`_wait`, without
+        schedule exploration, hence without jitter: the only case with inline effects): at once,
+        or a :class:`_Rest` that waits for a timeout first."""
         if seconds:
-            seconds = self._jittered(seconds)
             if not self.env.fast_forward(seconds):
                 return _Rest(self._timeout_then(seconds, result))
         return result

@@ -12,33 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from kvsim.scenario.load import load_scenario, load_scenario_file
+from kvsim.scenario.load import load_scenario_file
 from kvsim.scenario.run import execute
 from kvsim.sim.executor import SimExecutor
 
 REPO = Path(__file__).resolve().parents[1]
 
-SMALL = """\
-name: small
-seed: 3
-executor: sim
-hardware: h200-sxm
-manager:
-  tokens_per_block: 4
-  layers:
-    - slot_bytes: [2 KiB, 2 KiB]
-  levels:
-    - {name: gpu, quota_bytes: 64 KiB}
-    - {name: host, quota_bytes: 1 MiB}
-workload:
-  kind: burst_resize
-  history_tokens: 40
-  growth_steps: 2
-"""
-
 
 def test_a_simulated_run_sets_up_with_the_collector_off_and_turns_it_back_on(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The collector is off for the set-up calls (a burst's thousands of radix nodes), not only
     the SimPy run, and the caller's thresholds are untouched."""
     from kvsim.scenario import executors
@@ -51,11 +33,9 @@ def test_a_simulated_run_sets_up_with_the_collector_off_and_turns_it_back_on(
         return real_setup(calls)
 
     monkeypatch.setattr(executors, "run_setup", watched)
-    path = tmp_path / "s.yaml"
-    path.write_text(SMALL)
     before = gc.get_threshold()
     assert gc.isenabled()
-    execute(load_scenario(path))
+    execute(load_scenario_file(REPO / "scenarios/seed/burst_resize.yaml").base)
     assert seen == [False]
     assert gc.isenabled() and gc.get_threshold() == before
 

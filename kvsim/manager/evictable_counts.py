@@ -56,12 +56,12 @@ class EvictableCounts:
             self.cell = grown
         ids = unique_ids(ids)  # each row once: a duplicate would count twice
         levels = p.level.take(ids)
-        evictable = p.evictable(ids, self.last_level, levels)  # a freed row is not: no cell
-        cells = levels.astype(np.int32)
+        # each row's cell now: its (level, pool group), or -1 when it is not evictable (a freed
+        # row is not)
+        new = levels.astype(np.int32)
         if self.num_groups > 1:
-            cells = cells * self.num_groups + p.pool_group.take(ids)
-        cells[~evictable] = -1
-        new = cells
+            new = new * self.num_groups + p.pool_group.take(ids)
+        new[~p.evictable(ids, self.last_level, levels)] = -1
         old = self.cell.take(ids)
         moved = old != new
         if not np.count_nonzero(moved):

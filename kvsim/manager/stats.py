@@ -154,7 +154,6 @@ class Statistics:
                  enabled: bool, per_page: bool, sampler: Sampler) -> None:
         self.enabled = enabled
         self.per_page = per_page
-        self._page_bytes = page_bytes_per_lc.astype(np.int64)
         self._n = num_life_cycles
         self._levels = num_levels
         self._sampler = sampler
@@ -167,9 +166,10 @@ class Statistics:
         self._earlier_by_level = np.zeros_like(self.iteration_by_level)
         self.peaks: np.ndarray | None = None  # (L, G, 3) max over samples this iteration
         # kind of migration -> (its counters' rows, what one block of each life cycle adds)
+        page_bytes = page_bytes_per_lc.astype(np.int64)
         self._migrations = {
             kind: (np.array([ROW[name] for name in names]),
-                   np.stack([self._page_bytes if name.endswith("_bytes")
+                   np.stack([page_bytes if name.endswith("_bytes")
                              else np.ones(num_life_cycles, dtype=np.int64) for name in names]))
             for kind, names in MIGRATION_COUNTERS.items()}
 

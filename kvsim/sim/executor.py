@@ -162,12 +162,14 @@ class SimExecutor:
         # Effects that usually end at once (see _drive): done inline, or handed to a generator
         # for what needs SimPy events. Only where waiters never re-test (a C++ manager) and no
         # schedule is explored; the timed handlers above do the same in every case.
-        self._at_once: dict[type, object] = {}
+        at_once: dict[type, object] = {}
         if self.inline_effects and not cpu.holds_gil and self._rng is None:
-            self._at_once = {p.EnterBinding: self._enter_at_once,
-                             p.LeaveBinding: self._leave_at_once, p.SpendCpu: self._cpu_at_once,
-                             p.SubmitCopies: self._submit_at_once,
-                             p.AcquireLock: self._acquire_at_once}
+            at_once = {p.EnterBinding: self._enter_at_once,
+                       p.LeaveBinding: self._leave_at_once, p.SpendCpu: self._cpu_at_once,
+                       p.SubmitCopies: self._submit_at_once, p.AcquireLock: self._acquire_at_once}
+        # What _drive does without a generator, looked up once per effect: the plain handlers
+        # (whose results are never a _Rest) and these.
+        self._inline = {**self._plain, **at_once}
 
     @property
     def progress(self):
@@ -204,13 +206,12 @@ class SimExecutor:
     def _drive(self, steps):
         """Run a pipeline generator, performing each effect it yields (SimPy events inside).
 
-        An effect in ``_at_once`` is tried inline first: its handler returns the effect's
+        An effect in ``_inline`` is tried inline first: its handler returns the effect's
         result, or a :class:`_Rest` whose generator does the rest with events. Same steps in the
         same order as the timed handler, without a chain of generators per effect (a call makes
         about ten effects, and most end at once: a free GIL, a delay nothing interrupts)."""
         send = None
-        # One lookup per effect: the plain handlers' results are never a _Rest.
-        timed, inline = self._timed, {**self._plain, **self._at_once}
+        timed, inline = self._timed, self._inline
         while True:
             try:
                 effect = steps.send(send)

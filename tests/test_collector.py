@@ -41,11 +41,11 @@ def test_a_simulated_run_sets_up_with_the_collector_off_and_turns_it_back_on(
 
 
 def test_a_collector_turned_off_by_the_caller_stays_off() -> None:
-    from kvsim.sim.collector import fewer_collections
+    from kvsim.sim.collector import no_collections
 
     gc.disable()
     try:
-        with fewer_collections():
+        with no_collections():
             assert not gc.isenabled()
         assert not gc.isenabled()
     finally:
@@ -59,7 +59,7 @@ def test_what_a_run_leaves_goes_to_the_oldest_generation_and_the_next_run_collec
     stay frozen. Run in fresh interpreters: this one has frozen its tests."""
     script = """
 import gc, weakref
-from kvsim.sim.collector import fewer_collections
+from kvsim.sim.collector import no_collections
 class Node:
     pass
 frozen_before = %s
@@ -67,7 +67,7 @@ if frozen_before:
     keep = [Node() for _ in range(10)]
     gc.freeze()
 count = gc.get_freeze_count()
-with fewer_collections():
+with no_collections():
     made = [Node() for _ in range(1000)]
     cycle = Node()
     cycle.me = cycle
@@ -77,7 +77,7 @@ with fewer_collections():
     enabled_inside = gc.isenabled()
 young = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
 left = ref() is not None
-with fewer_collections():
+with no_collections():
     pass
 print(count, gc.get_freeze_count(), sum(id(o) in young for o in made), int(enabled_inside),
       int(left), int(bool(freed)), int(gc.isenabled()))

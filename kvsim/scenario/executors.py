@@ -35,11 +35,11 @@ def run_plan(scenario: Scenario) -> dict:
 
 
 def run_sim(scenario: Scenario, progress=None) -> dict:
-    from kvsim.sim.collector import fewer_collections
+    from kvsim.sim.collector import no_collections
 
     # The whole run, setup and results included: a full collection that lands in the setup of
     # a burst (thousands of radix nodes) costs as much as the run itself.
-    with fewer_collections():
+    with no_collections():
         return _run_sim(scenario, progress)
 
 

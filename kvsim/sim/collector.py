@@ -12,7 +12,7 @@ thresholds (700, 10, 10), 2.1 s of a 20.2 s timed replay of the Mooncake synthet
 (50,000, 20, 100), still 0.88 s of the timed replay (64 young and 4 middle collections,
 measured with ``gc.callbacks`` on 2026-12-07).
 
-:func:`fewer_collections` turns the collector off for the duration of a run and back on after.
+:func:`no_collections` turns the collector off for the duration of a run and back on after.
 Reference counting still frees everything that is not in a cycle at once. Results must not
 depend on when the collector runs (an open cache that nothing references is closed by
 reference counting, ``KvCache.__del__``, not by the collector); every shipped scenario's results
@@ -28,12 +28,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 # Whether the last run's leftovers went to the oldest generation without a collection (see
-# fewer_collections): the next run collects them first.
+# no_collections): the next run collects them first.
 _unwalked = False
 
 
 @contextmanager
-def fewer_collections() -> Iterator[None]:
+def no_collections() -> Iterator[None]:
     """Run the body with the collector off; it comes back on after (nested, or with the
     collector already off, the body just runs).
 

@@ -54,7 +54,7 @@ from kvsim.runtime.apis import Api
 from kvsim.runtime.records import Deadlock, GilStats, RunResult, StuckThread
 from kvsim.runtime.steps import GpuTimes, Step
 from kvsim.sim import lock_convoy
-from kvsim.sim.collector import fewer_collections
+from kvsim.sim.collector import no_collections
 from kvsim.sim.environment import CountingEnvironment
 from kvsim.sim.gil import Gil
 from kvsim.sim.link import Link
@@ -677,7 +677,7 @@ class SimExecutor:
                 self.env.process(self._thread(name, threads[name]))
         stop = self._stop if until is None else self.env.any_of([self._stop, self.env.timeout(until)])
         try:
-            with fewer_collections():
+            with no_collections():
                 self.env.run(until=stop)
         except RuntimeError as e:  # no event left before the stop event: a normal end
             if "No scheduled events left" not in str(e):

@@ -422,3 +422,16 @@ def test_op_trace_through_the_sim_executor_records_failed_calls(tmp_path):
     probes = [c for c in run.calls if c.api == "KVCacheManager.probe_reuse"]
     assert probes[0].start >= 0.001 - 1e-12
     assert mgr.num_open_caches == 0
+
+
+def test_the_scalar_mix_is_the_array_mix() -> None:
+    """A token stream's base is mixed in Python integers (``_mix64_int``, for speed) and its
+    tokens with numpy (``mix64``): the two give the same 64-bit values, wrap-around included."""
+    from kvsim.traces import _MASK64, _mix64_int, mix64
+
+    rng = np.random.default_rng(7)
+    values = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, _MASK64 - 1, _MASK64]
+    values += [int(v) for v in rng.integers(0, 2**63, size=2000, dtype=np.int64)]
+    values += [int(v) | (1 << 63) for v in rng.integers(0, 2**63, size=2000, dtype=np.int64)]
+    expected = mix64(np.array(values, dtype=np.uint64)).tolist()
+    assert [_mix64_int(v) for v in values] == expected

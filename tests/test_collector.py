@@ -1,7 +1,7 @@
 """The collector around simulated runs (kvsim.sim.collector): off while a run allocates, back on
-after; what a run leaves moves to the oldest generation unwalked in a command-line process and
-is collected when the next run starts; and no run makes reference cycles that die while it runs
-(what makes turning the collector off safe)."""
+after; in a command-line process, what a big run leaves moves to the oldest generation unwalked,
+and the next run starts by collecting what the last one left; and no run makes reference
+cycles that die while it runs (what makes turning the collector off safe)."""
 
 from __future__ import annotations
 
@@ -52,11 +52,13 @@ def test_a_collector_turned_off_by_the_caller_stays_off() -> None:
         gc.enable()
 
 
-def test_what_a_run_leaves_goes_to_the_oldest_generation_and_the_next_run_collects_it() -> None:
-    """In a process with nothing frozen (a command-line run) the objects the body made leave
-    the young generations uncollected, and a reference cycle the first run left is freed when
-    the second one starts; where something is frozen (this test process), the frozen objects
-    stay frozen. Run in fresh interpreters: this one has frozen its tests."""
+def test_what_a_big_run_leaves_goes_to_the_oldest_generation_and_the_next_run_collects_it(
+        ) -> None:
+    """In a process with nothing frozen (a command-line run): the objects a run made that
+    outnumber those alive before it leave the young generations uncollected, those of a
+    smaller run stay young; either way a reference cycle the run left is freed when the next
+    run starts. Where something is frozen (this test process), the frozen objects stay frozen
+    and the young ones young. Run in fresh interpreters: this one has frozen its tests."""
     script = """
 import gc, weakref
 from kvsim.sim.collector import no_collections
@@ -67,32 +69,42 @@ if frozen_before:
     keep = [Node() for _ in range(10)]
     gc.freeze()
 count = gc.get_freeze_count()
-with no_collections():
-    made = [Node() for _ in range(1000)]
-    cycle = Node()
-    cycle.me = cycle
-    freed = []
-    ref = weakref.ref(cycle, lambda _r: freed.append(True))
-    del cycle
-    enabled_inside = gc.isenabled()
-young = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
-left = ref() is not None
-with no_collections():
-    pass
-print(count, gc.get_freeze_count(), sum(id(o) in young for o in made), int(enabled_inside),
-      int(left), int(bool(freed)), int(gc.isenabled()))
+freed = []
+def run(extra):
+    with no_collections():
+        made = [Node() for _ in range(extra)]
+        cycle = Node()
+        cycle.me = cycle
+        weakref.finalize(cycle, freed.append, extra)
+        return made, gc.isenabled()
+def young(objects):
+    ids = {id(o) for g in (0, 1) for o in gc.get_objects(generation=g)}
+    return sum(id(o) in ids for o in objects)
+alive = len(gc.get_objects()) + gc.get_freeze_count()
+small, enabled_inside = run(alive // 10)
+small_young = young(small)
+big, _ = run(2 * alive)
+freed_at_second = len(freed)
+big_young = young(big)
+sizes = len(small), len(big)
+del small, big
+run(0)
+print(count, gc.get_freeze_count(), sizes[0], small_young, sizes[1], big_young,
+      int(enabled_inside), freed_at_second, len(freed), int(gc.isenabled()))
 """
     for frozen_before in (False, True):
         out = subprocess.run([sys.executable, "-c", script % frozen_before], capture_output=True,
                              text=True, check=True).stdout.split()
-        before, after, still_young, enabled_inside, left, freed, enabled = map(int, out)
+        before, after, small, small_young, big, big_young, enabled_inside, freed_at_second, \
+            freed, enabled = map(int, out)
         assert after == before
         assert enabled_inside == 0 and enabled == 1
+        assert small_young == small > 0  # a smaller run's objects stay young
         if frozen_before:
-            assert before > 0 and still_young > 0  # left where the collector put them
+            assert before > 0 and big_young == big  # left where the collector put them
         else:
-            assert before == 0 and still_young == 0
-            assert left == 1 and freed == 1  # kept by the first run, freed by the second
+            assert before == 0 and big_young == 0  # moved to the oldest generation
+            assert freed_at_second == 1 and freed == 2  # each cycle freed as the next run starts
 
 
 @pytest.mark.parametrize("scenario", [

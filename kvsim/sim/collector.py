@@ -27,9 +27,22 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-# Whether the last run's leftovers went to the oldest generation without a collection (see
-# no_collections): the next run collects them first.
-_unwalked = False
+# What the next run collects first (see no_collections): the young generations, or everything
+# (the last run's leftovers went to the oldest generation unwalked); and how many tracked
+# objects were alive before the first run, or after the last full collection made here.
+_collect_first: int | None = None
+_alive_after: int | None = None
+
+
+def _tracked() -> int:
+    """How many objects the collector tracks, by a walk of its lists: about 10x cheaper than a
+    collection, which traverses each object (1 ms for 41,000 objects, 2026-12-07). Only with
+    nothing frozen: it freezes and unfreezes, which leaves every object in the oldest
+    generation."""
+    gc.freeze()
+    count = gc.get_freeze_count()
+    gc.unfreeze()
+    return count
 
 
 @contextmanager
@@ -37,29 +50,42 @@ def no_collections() -> Iterator[None]:
     """Run the body with the collector off; it comes back on after (nested, or with the
     collector already off, the body just runs).
 
-    When nothing is frozen (a command-line run; the tests freeze what they collected), what
-    the run left in the young generations moves to the oldest one on the way out, without a
-    collection walking it: ``gc.freeze()`` then ``gc.unfreeze()``, two list splices. Otherwise
-    the first collection after the run would walk everything the run made (0.35 s at the end of
-    a 16 s timed replay). A run's manager and radix tree are reference cycles, garbage once the
-    run is over, that only a full collection frees: the next run in the same process starts
-    with one, so a process that runs many (a sweep's worker, a scenario's variants) holds at
-    most one finished run's garbage at a time."""
-    global _unwalked
+    When nothing is frozen (a command-line run; the tests freeze what they collected), a run
+    that left more objects than were alive before it moves them to the oldest generation on the
+    way out, without a collection walking them: ``gc.freeze()`` then ``gc.unfreeze()``, two
+    list splices. Otherwise the young collections after the run would walk everything it made
+    (0.35 s at the end of a 16 s timed replay). A run's manager and radix tree are reference
+    cycles, garbage once the run is over, that only a collection frees: the next run starts
+    with a full one after such a run, and with one of the young generations (which walks only
+    them) after a smaller run, whose leftovers stay there. So a process that runs many (a
+    sweep's worker, a scenario's variants) holds at most one finished run's garbage. A full
+    collection before every run cost a run of a small scenario as much as the run (10 ms,
+    ``scenarios/seed/h100_pcie_burst_resize.yaml``, 2026-12-07): it walks every object alive."""
+    global _collect_first, _alive_after
     if not gc.isenabled():
         yield
         return
-    if _unwalked:
-        _unwalked = False
-        gc.collect()
+    ours = gc.get_freeze_count() == 0  # the generations are ours to manage
+    if ours:
+        if _collect_first is not None:
+            gc.collect(_collect_first)
+            if _collect_first == 2:
+                _alive_after = None
+            _collect_first = None
+        if _alive_after is None:
+            _alive_after = _tracked()
     gc.disable()
     try:
         yield
     finally:
-        if gc.get_freeze_count() == 0:
-            gc.freeze()
-            gc.unfreeze()
-            _unwalked = True
+        if ours and gc.get_freeze_count() == 0:
+            left = gc.get_count()[0]  # net tracked objects made since the last collection
+            if left > _alive_after:
+                gc.freeze()
+                gc.unfreeze()
+                _collect_first = 2
+            else:
+                _collect_first = 1
         gc.enable()
 
 

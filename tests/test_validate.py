@@ -26,7 +26,9 @@ def test_committed_runs_are_packed_and_still_read(tmp_path):
 
 def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, monkeypatch):
     """kvsim calibrate fits the committed H200 measurements into a hardware JSON that loads as
-    ``hardware:`` and carries the same figures as the h200-sxm preset made from them."""
+    ``hardware:`` and carries the same figures as the h200-sxm preset made from them; it
+    leaves what the caller froze frozen."""
+    import gc
     import json
     from pathlib import Path
 
@@ -37,6 +39,8 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # sources name repo-relative files
     m = Path("reports") / "measurements" / "h200"
+    frozen = gc.get_freeze_count()  # conftest froze what the collection of the tests made
+    assert frozen > 0
     rc = main(["calibrate", "--out", str(tmp_path), "--repeats", "1", "--quiet", "--gil-runs", "1",
                "--gil-probes", "100", "--no-gil-fit",
                "--copy-measurement", str(m / "2026-12-02-copy-bench.json"),
@@ -45,6 +49,9 @@ def test_calibrate_writes_a_hardware_json_from_the_copy_measurements(tmp_path, m
                "reports/validation-h200/plan-batches/2026-12-03-plan-batches.json.xz",
                "--hardware-name", "mine"])
     assert rc == 0
+    # The CPU-cost timing froze and unfroze what it found alive: only where nothing was frozen,
+    # or it thawed the caller's frozen objects too (0 left; a few may die while frozen).
+    assert gc.get_freeze_count() > 0.9 * frozen
     mine = json.loads((tmp_path / "mine.json").read_text())
     preset = json.loads(Path("kvsim/hardware/presets/h200-sxm.json").read_text())
     for d in (mine, preset):

@@ -155,9 +155,13 @@ def measure(repeats: int = 5, progress: Callable[[str], None] | None = None) -> 
     cases = []
     # What the process held before the measurement survives it: frozen, it is left out of the
     # collection before each timed call, which then costs what the cases made, not what the
-    # caller holds (a test process holds ~10^6 objects: 50 ms a collection, 80 of them).
-    gc.collect()
-    gc.freeze()
+    # caller holds (a test process holds ~10^6 objects: 50 ms a collection, 80 of them). Only
+    # where the caller froze nothing: unfreezing after would thaw what the caller froze (the
+    # tests freeze what they collected; a thawed worker walked it in every collection after).
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.collect()
+        gc.freeze()
     try:
         for i, (name, role, setup) in enumerate(plan):
             seconds, samples, counts = _time(setup, repeats)
@@ -167,7 +171,8 @@ def measure(repeats: int = 5, progress: Callable[[str], None] | None = None) -> 
             if progress is not None:
                 progress(f"{i + 1}/{len(plan)} {name}: {seconds * 1e3:.3f} ms")
     finally:
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
     return cases
 
 

@@ -10,7 +10,7 @@ from kvsim.manager import eviction
 from kvsim.manager.eviction import first_in_order, select_victims
 from kvsim.manager.pages import PageTable
 from kvsim.manager.slots import SlotAllocator
-from kvsim.manager.unique_ids import unique_ids
+from kvsim.manager.unique_ids import DistinctIds, unique_ids
 
 
 def table(priority, last_used, depth) -> tuple[PageTable, np.ndarray]:
@@ -81,6 +81,27 @@ def test_unique_ids_is_np_unique():
         every = rng.integers(0, 500, int(rng.integers(0, 100))).astype(np.int32)
         got = unique_ids(every)
         assert got.dtype == np.int32 and got.tolist() == np.unique(every).tolist()
+
+
+def test_distinct_ids_keeps_each_id_once_in_the_order_of_one_occurrence():
+    """np.unique's values, unsorted: each value once, the result a subsequence of the batch,
+    over batches that grow the scratch table, reuse it with stale cells, and are empty or of
+    one id; a copy (a manager's snapshot) carries no scratch table."""
+    import copy
+
+    rng = np.random.default_rng(5)
+    distinct = DistinctIds()
+    for bound in (10, 500, 40, 3000):
+        for _ in range(200):
+            every = rng.integers(0, bound, int(rng.integers(0, 120))).astype(np.intp)
+            got = distinct(every, bound)
+            assert got.dtype == every.dtype
+            assert sorted(got.tolist()) == np.unique(every).tolist()
+            rest = iter(every.tolist())
+            assert all(v in rest for v in got.tolist())  # in the batch's order
+    twin = copy.deepcopy(distinct)
+    assert twin._stamp.size == 0 and distinct._stamp.size == 3000
+    assert twin(np.array([3, 3, 1]), 4).tolist() == [3, 1]
 
 
 def test_page_rows_are_reused_and_generation_bumps():

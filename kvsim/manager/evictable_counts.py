@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvsim.manager.pages import PAGE_IDS, PageTable
-from kvsim.manager.unique_ids import unique_ids
+from kvsim.manager.unique_ids import DistinctIds
 
 
 class EvictableCounts:
@@ -32,6 +32,7 @@ class EvictableCounts:
         self.counts = np.zeros(num_levels * num_groups, dtype=np.int64)
         self.cell = np.full(pages.capacity, -1, dtype=np.int32)
         self._pending: list[np.ndarray] = []
+        self._distinct = DistinctIds()
 
     def changed(self, ids: np.ndarray | list[int], copy: bool = True) -> None:
         """Rows whose evictability, level or pool group may have changed (or will, before the
@@ -54,7 +55,7 @@ class EvictableCounts:
             grown = np.full(p.capacity, -1, dtype=np.int32)
             grown[:self.cell.size] = self.cell
             self.cell = grown
-        ids = unique_ids(ids)  # each row once: a duplicate would count twice
+        ids = self._distinct(ids, p.capacity)  # each row once: a duplicate would count twice
         levels = p.level.take(ids)
         # each row's cell now: its (level, pool group), or -1 when it is not evictable (a freed
         # row is not)

@@ -32,7 +32,7 @@ from kvsim.manager.evictable_counts import EvictableCounts
 from kvsim.manager.eviction import eviction_keys, first_in_order
 from kvsim.manager.pages import PAGE_IDS, PageTable
 from kvsim.manager.slots import SlotAllocator
-from kvsim.manager.unique_ids import unique_ids
+from kvsim.manager.unique_ids import DistinctIds
 
 RESERVOIR_PAGES = 4096
 # A reservoir whose reported pages pile up past this many is dropped (rebuilt on next use): by
@@ -78,6 +78,7 @@ class EvictionIndex:
         self._reservoirs: dict[tuple[int, int], _Reservoir] = {}
         self.selections = 0  # select() calls
         self.rebuilds = 0  # of which answered by a full scan
+        self._distinct = DistinctIds()
 
     def changed(self, ids: np.ndarray | list[int], copy: bool = True, counted: bool = True) -> None:
         """Report pages whose evictability, level or eviction key may have changed (``copy``
@@ -151,7 +152,7 @@ class EvictionIndex:
             kept = member.take(res.ids)
             res.ids, res.keys = res.ids[kept], res.keys[kept]
         # Each candidate once (most reported pages are not candidates: de-duplicated after).
-        here = unique_ids(reported[self._here(reported, level, group)])
+        here = self._distinct(reported[self._here(reported, level, group)], self.pages.capacity)
         ranked = res.ids.size + here.size
         if here.size:
             keys = eviction_keys(self.pages, here)

@@ -51,16 +51,19 @@ def no_collections() -> Iterator[None]:
     collector already off, the body just runs).
 
     When nothing is frozen (a command-line run; the tests freeze what they collected), a run
-    that left more objects than were alive before it moves them to the oldest generation on the
-    way out, without a collection walking them: ``gc.freeze()`` then ``gc.unfreeze()``, two
-    list splices. Otherwise the young collections after the run would walk everything it made
-    (0.35 s at the end of a 16 s timed replay). A run's manager and radix tree are reference
-    cycles, garbage once the run is over, that only a collection frees: the next run starts
-    with a full one after such a run, and with one of the young generations (which walks only
-    them) after a smaller run, whose leftovers stay there. So a process that runs many (a
-    sweep's worker, a scenario's variants) holds at most one finished run's garbage. A full
-    collection before every run cost a run of a small scenario as much as the run (10 ms,
-    ``scenarios/seed/h100_pcie_burst_resize.yaml``, 2026-12-07): it walks every object alive."""
+    that left more objects than were alive before the first run (or after the last full
+    collection made here) moves them to the oldest generation on the way out, without a
+    collection walking them: ``gc.freeze()`` then ``gc.unfreeze()``, two list splices.
+    Otherwise the young collections after the run would walk everything it made (0.35 s at the
+    end of a 16 s timed replay). A run's manager and radix tree are reference cycles, garbage
+    once the run is over, that only a collection frees: the next run starts with a full one
+    after such a run, and with one of the young generations (which walks only them) after a
+    smaller run, whose leftovers stay there. So a process that runs many (a sweep's worker, a
+    scenario's variants) does not keep each run's garbage: the next run frees it (or, where the
+    caller's own allocations meanwhile moved it to the oldest generation, Python's own full
+    collections do). A full collection before every run cost a run of a small scenario as much
+    as the run (10 ms, ``scenarios/seed/h100_pcie_burst_resize.yaml``, 2026-12-07): it walks
+    every object alive."""
     global _collect_first, _alive_after
     if not gc.isenabled():
         yield

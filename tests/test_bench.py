@@ -58,3 +58,21 @@ def test_the_timed_replay_digest_names_every_calls_answer(capsys):
     first = digest()
     assert len(first) == 64 and digest() == first
     assert digest("--decode-step-tokens", "64") != first
+
+
+def test_the_timed_replay_says_how_far_it_is_on_standard_error(capsys, monkeypatch):
+    """Progress lines on standard error (every PROGRESS_EVERY_CALLS calls: 50 here), the JSON
+    alone on standard output; ``--quiet``: no progress lines."""
+    from kvsim.bench.replay import main as replay_main
+    from kvsim.runtime import pipeline
+
+    monkeypatch.setattr(pipeline, "PROGRESS_EVERY_CALLS", 50)
+    assert replay_main(["--timed-only", "--max-requests", "12", "--json"]) == 0
+    out, err = capsys.readouterr()
+    calls = json.loads(out)["calls"]
+    lines = err.splitlines()
+    assert calls >= 100 and len(lines) == calls // 50
+    assert lines[0].startswith("timed replay: 50 calls, ") and lines[0].endswith(" s in")
+    assert replay_main(["--timed-only", "--max-requests", "12", "--json", "--quiet"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["calls"] == calls and err == ""

@@ -15,6 +15,8 @@
   second. Target: < 30 s on a 2-core machine.
 
 Run: ``python -m kvsim.bench.replay [TRACE] [--capacity-tokens N] [--timed] [--digest] [--json]``
+The timed replay prints how far it is to standard error every 10,000 calls (``--quiet``: it
+does not).
 (``--digest``: the timed replay also reports ``calls_digest``, to compare two versions' answers).
 """
 
@@ -130,7 +132,9 @@ def timed(trace_path: str, max_requests: int | None = None, client_threads: int 
           decode_step_tokens: int = 32, check: bool = False, hardware: str = "h200-sxm",
           cpu_model: str = "kvcm2-cpp", enable_stats: bool = True,
           probe_on_arrival: bool = True, tile: int = 1, span_s: float | None = None,
-          digest: bool = False) -> dict:
+          digest: bool = False, progress=None) -> dict:
+    """The timed replay's figures; ``progress``, a ``callable(str)``, is told how far the run
+    is every :data:`~kvsim.runtime.pipeline.PROGRESS_EVERY_CALLS` calls."""
     from kvsim.hardware import load_hardware
     from kvsim.manager import KVCacheManager
     from kvsim.model.cpu_cost import load_cpu_model
@@ -147,6 +151,7 @@ def timed(trace_path: str, max_requests: int | None = None, client_threads: int 
     workload, stats = build(config, spec, manager, trace=trace)
     executor = SimExecutor(manager, load_hardware(hardware), load_cpu_model(cpu_model),
                            SimOptions(check_invariants=check, check_lock_discipline=check))
+    executor.progress = progress
     t0, c0 = time.perf_counter(), time.process_time()
     run = executor.run(workload.make_threads())
     wall = time.perf_counter() - t0
@@ -183,6 +188,10 @@ def timed(trace_path: str, max_requests: int | None = None, client_threads: int 
     }
 
 
+def _say(message: str) -> None:
+    print(f"timed replay: {message}", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m kvsim.bench.replay", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -211,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="timed replay: add calls_digest, a hash of every call record (computed "
                         "after the timing), to compare two versions' answers")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--quiet", action="store_true",
+                   help="timed replay: no progress lines on standard error")
     args = p.parse_args(argv)
     if not Path(args.trace).exists():
         print(f"{args.trace}: no such trace", file=sys.stderr)
@@ -223,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         out.append(timed(args.trace, args.max_requests, args.client_threads,
                          args.decode_step_tokens, args.check,
                          enable_stats=not args.no_stats, probe_on_arrival=not args.no_probe,
-                         tile=args.tile, span_s=args.span_s, digest=args.digest))
+                         tile=args.tile, span_s=args.span_s, digest=args.digest,
+                         progress=None if args.quiet else _say))
     for result in out:
         if args.json:
             print(json.dumps(result, sort_keys=True))

@@ -147,6 +147,10 @@ class Compute(NamedTuple):
 
 
 # -- what the pipeline needs from the run ------------------------------------------------------------
+# How often a run with a ``progress`` callable is told how far it is: every so many calls.
+PROGRESS_EVERY_CALLS = 10_000
+
+
 class CallLog:
     """The run's shared records: the calls, the violations, and what the checks need. The
     executor supplies ``now`` (its clock) and the lock (for the discipline checker)."""
@@ -179,7 +183,7 @@ class CallLog:
         rec = CallRecord(len(self.calls), thread, call.phase, call.api.label, call.args,
                          MODE_VALUE[call.api.mode], self.now())
         self.calls.append(rec)
-        if self.progress is not None and len(self.calls) % 10_000 == 0:
+        if self.progress is not None and len(self.calls) % PROGRESS_EVERY_CALLS == 0:
             self.progress(f"{len(self.calls)} calls, {self.now():.3f} s in")
         self.current_api[thread] = call.api.label
         return rec
